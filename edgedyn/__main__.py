@@ -1,0 +1,3 @@
+from edgedyn.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""The `edgedyn` command line: cli/main.py wires one small module per command."""

@@ -1,0 +1,22 @@
+"""Errors a person can act on.
+
+`EdgedynError` is a user mistake or an environment problem: the CLI prints it as `error: ...` plus
+`hint: ...` without a traceback. Anything else is a bug in edgedyn and keeps its traceback.
+The runtime defines its own errors (edgedyn/runtime/errors.py) so the device side imports nothing from here;
+they share this base through `edgedyn.runtime.errors.RuntimeUserError`, re-exported as EdgedynError.
+"""
+from edgedyn.runtime.errors import EdgedynError, MissingDependencyError
+
+__all__ = ["EdgedynError", "MissingDependencyError", "CaptureError", "BackendError", "BoardError"]
+
+
+class CaptureError(EdgedynError):
+    """The model could not be captured at the given example inputs."""
+
+
+class BackendError(EdgedynError):
+    """A backend could not compile the captured graph."""
+
+
+class BoardError(EdgedynError):
+    """An unknown or malformed board or target description."""

@@ -1,0 +1,296 @@
+"""Capture: trace a model or function with torch.export at the exact example shapes, and record the guards.
+
+Python control flow is unrolled and Python scalars are specialized; every assumption this makes (each input's
+dtype and sizes, each scalar's value) becomes a guard that the runtime checks on every call.
+"""
+import contextlib
+import inspect
+import io
+import logging
+import os
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from edgedyn.errors import CaptureError
+from edgedyn.frontend.inputs import InputSet, TensorSpec, normalize_examples, parse_input_options
+from edgedyn.frontend.loading import load_reference, resolve_model
+from edgedyn.frontend.outputs import flatten_output
+from edgedyn.runtime import guards as guard_records
+
+__all__ = ["Captured", "Specialization", "capture", "parse_input_options"]
+
+
+@dataclass
+class Specialization:
+    """One set of example inputs, traced: the ExportedProgram plus what the bundle records about it."""
+
+    name: str
+    program: "torch.export.ExportedProgram"
+    tensor_inputs: List[str]
+    example_tensors: List[torch.Tensor]
+    constants: Dict[str, Any]
+    guards: List[Dict[str, Any]]
+    output_tree: Dict[str, Any]
+    reference_outputs: List[np.ndarray]
+
+    @property
+    def example_args(self) -> Tuple[torch.Tensor, ...]:
+        return tuple(self.example_tensors)
+
+
+@dataclass
+class Captured:
+    """A captured model: its call signature and one Specialization per example input set."""
+
+    name: str
+    signature: List[Dict[str, Any]]
+    specializations: List[Specialization] = field(default_factory=list)
+
+
+def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence[str]] = None,
+            seed: int = 0) -> Captured:
+    """Captures `model` (nn.Module, class, factory, function, or "file.py:name") at each example input set.
+
+    `example_inputs` is a tuple or dict of inputs (one specialization) or a list of them (several); `inputs`
+    are `--input NAME=VALUE` strings instead. With neither, the model file's `example_inputs()` is used.
+    """
+    name = getattr(model, "__name__", type(model).__name__)
+    if isinstance(model, str):
+        model, file_examples, name = load_reference(model)
+        if example_inputs is None and not inputs:
+            if file_examples is None:
+                raise CaptureError(
+                    "no example inputs for {}".format(name),
+                    hint="pass --input NAME=SHAPE (e.g. --input x=1x3x224x224) or define example_inputs() in the model file",
+                )
+            example_inputs = file_examples()
+    else:
+        model = resolve_model(model, name)
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+        name = type(model).__name__ if name in ("", type(model).__name__) else name
+    parameters = _parameters(model, name)
+    if inputs:
+        sets = [dict(s) for s in parse_input_options(inputs)]
+        sources = ["--input"] * len(sets)
+    elif example_inputs is not None:
+        sets = [_bind(parameters, item, name) for item in normalize_examples(example_inputs)]
+        sources = ["example_inputs"] * len(sets)
+    else:
+        raise CaptureError("no example inputs for {}".format(name),
+                           hint="pass example_inputs=(tensor, ...) or inputs=['x=1x3x224x224']")
+    captured = Captured(name=name, signature=_signature(parameters, sets, name))
+    for index, (values, source) in enumerate(zip(sets, sources)):
+        spec = _capture_one(model, parameters, values, source, seed + index, name)
+        if any(existing.name == spec.name for existing in captured.specializations):
+            raise CaptureError("specialization {} is given twice".format(spec.name))
+        captured.specializations.append(spec)
+    return captured
+
+
+def _parameters(model: Any, name: str) -> List[inspect.Parameter]:
+    function = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError) as error:
+        raise CaptureError("cannot read the signature of {}: {}".format(name, error))
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise CaptureError(
+                "{} takes *{}; edgedyn needs named arguments to guard them".format(name, parameter.name),
+                hint="wrap the model in a function with explicit arguments",
+            )
+    return parameters
+
+
+def _bind(parameters: List[inspect.Parameter], example: Any, name: str) -> InputSet:
+    if isinstance(example, dict):
+        return dict(example)
+    if len(example) > len(parameters):
+        raise CaptureError("{} example inputs given, but {} takes {}".format(len(example), name, len(parameters)))
+    return {p.name: value for p, value in zip(parameters, example)}
+
+
+def _signature(parameters: List[inspect.Parameter], sets: List[InputSet], name: str) -> List[Dict[str, Any]]:
+    signature = []
+    for parameter in parameters:
+        given = [s[parameter.name] for s in sets if parameter.name in s]
+        is_tensor = any(isinstance(v, (TensorSpec, torch.Tensor, np.ndarray)) for v in given)
+        record = {"name": parameter.name, "kind": "tensor" if is_tensor else "constant"}  # type: Dict[str, Any]
+        if parameter.default is not inspect.Parameter.empty and _is_scalar(parameter.default):
+            record["default"] = parameter.default
+        signature.append(record)
+    known = {p.name for p in parameters}
+    for values in sets:
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise CaptureError("{} has no argument named {}".format(name, ", ".join(unknown)),
+                               hint="its arguments are: {}".format(", ".join(p.name for p in parameters)))
+    return signature
+
+
+def _is_scalar(value: Any) -> bool:
+    return type(value) in (int, float, bool)
+
+
+class _Specialized(torch.nn.Module):
+    """Calls the user's model with the tensor inputs and the specialized constants; returns flat outputs."""
+
+    def __init__(self, model: Any, tensor_names: List[str], constants: Dict[str, Any]) -> None:
+        super().__init__()
+        if isinstance(model, torch.nn.Module):
+            self.model = model
+        else:
+            self._function = model
+        self.tensor_names = tensor_names
+        self.constants = constants
+
+    def forward(self, *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        target = self.model if hasattr(self, "model") else self._function
+        kwargs = dict(zip(self.tensor_names, tensors))
+        kwargs.update(self.constants)
+        return tuple(flatten_output(target(**kwargs))[1])
+
+
+def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputSet, source: str, seed: int,
+                 name: str) -> Specialization:
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}  # type: Dict[str, torch.Tensor]
+    constants = {}  # type: Dict[str, Any]
+    guards = []  # type: List[Dict[str, Any]]
+    labels = []
+    for parameter in parameters:
+        if parameter.name not in values:
+            if parameter.default is inspect.Parameter.empty:
+                raise CaptureError("no example value for argument '{}' of {}".format(parameter.name, name),
+                                   hint="add --input {}=SHAPE or {}=NUMBER".format(parameter.name, parameter.name))
+            if not _is_scalar(parameter.default) and parameter.default is not None:
+                raise CaptureError("argument '{}' defaults to a {}; give it an example value".format(
+                    parameter.name, type(parameter.default).__name__))
+            if parameter.default is not None:
+                constants[parameter.name] = parameter.default
+                guards.append(guard_records.constant_guard(parameter.name, parameter.default, "default value"))
+            continue
+        value = values[parameter.name]
+        if isinstance(value, TensorSpec):
+            value = _random_tensor(value, generator)
+        elif isinstance(value, np.ndarray):
+            value = torch.from_numpy(np.ascontiguousarray(value))
+        if isinstance(value, torch.Tensor):
+            tensors[parameter.name] = value.detach().contiguous()
+            dtype = str(value.dtype).replace("torch.", "")
+            label = "{}={}{}".format(parameter.name, guard_records.format_shape(value.shape),
+                                     "" if dtype == "float32" else ":" + dtype)
+            guards.extend(guard_records.tensor_guards(parameter.name, list(value.shape), dtype,
+                                                      "{} {}".format(source, label)))
+        elif _is_scalar(value):
+            constants[parameter.name] = value
+            label = "{}={!r}".format(parameter.name, value)
+            guards.append(guard_records.constant_guard(parameter.name, value, "{} {}".format(source, label)))
+        else:
+            raise CaptureError(
+                "argument '{}' of {} is a {}; edgedyn captures tensors and int/float/bool scalars".format(
+                    parameter.name, name, type(value).__name__),
+                hint="wrap the model in a function that takes tensors and builds the rest inside")
+        labels.append(label)
+    tensor_names = list(tensors)
+    wrapper = _Specialized(model, tensor_names, constants).eval()
+    args = tuple(tensors[n] for n in tensor_names)
+    with torch.no_grad():
+        eager = model(**tensors, **constants)
+    output_tree, flat = flatten_output(eager)
+    program = _export(wrapper, args, name)
+    return Specialization(
+        name=",".join(labels) or "default",
+        program=program,
+        tensor_inputs=tensor_names,
+        example_tensors=list(args),
+        constants=constants,
+        guards=guards,
+        output_tree=output_tree,
+        reference_outputs=[t.detach().cpu().numpy() for t in flat],
+    )
+
+
+def _random_tensor(spec: TensorSpec, generator: torch.Generator) -> torch.Tensor:
+    dtype = getattr(torch, spec.dtype)
+    if spec.dtype == "bool":
+        return torch.randint(0, 2, spec.shape, generator=generator).bool()
+    if dtype.is_floating_point:
+        return torch.randn(spec.shape, generator=generator).to(dtype)
+    # Small non-negative integers: safe as indices into embeddings and gathers of any size >= 10.
+    return torch.randint(0, 10, spec.shape, generator=generator, dtype=dtype)
+
+
+def _export(wrapper: torch.nn.Module, args: Tuple[torch.Tensor, ...], name: str) -> "torch.export.ExportedProgram":
+    with quiet_torch():
+        try:
+            return torch.export.export(wrapper, args, strict=False)
+        except Exception as error:
+            raise _explain_export_failure(error, name) from error
+
+
+@contextlib.contextmanager
+def quiet_torch() -> Iterator[None]:
+    """Silences torch.export's own log lines and FutureWarnings (we explain failures ourselves)."""
+    if os.environ.get("EDGEDYN_DEBUG"):
+        yield
+        return
+    # torch configures levels on many child loggers, so the parent's level alone does not silence them.
+    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.split(".")[0] == "torch"]
+    levels = [(logger, logger.level) for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        # torch.export also print()s the partial graph to stderr when it fails.
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in levels:
+            logger.setLevel(level)
+
+
+_DATA_DEPENDENT = ("data-dependent", "data dependent", "GuardOnDataDependentSymNode", "Could not guard on")
+
+
+def _explain_export_failure(error: Exception, name: str) -> CaptureError:
+    text = "{}: {}".format(type(error).__name__, error)
+    where = _user_frame(error)
+    location = " at {}:{}".format(*where[:2]) if where else ""
+    code = "\n    {}".format(where[2]) if where and where[2] else ""
+    if any(marker in text for marker in _DATA_DEPENDENT):
+        return CaptureError(
+            "{} branches on tensor values{}; a capture at fixed shapes cannot follow that{}".format(
+                name, location, code),
+            hint="compute both branches and pick with torch.where(cond, a, b), or use torch.cond; "
+                 "Python control flow on shapes and Python numbers is fine",
+        )
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return CaptureError(
+        "torch.export could not capture {}{}: {}{}".format(name, location, first_line, code),
+        hint="run with EDGEDYN_DEBUG=1 for the full torch.export error",
+    )
+
+
+def _user_frame(error: BaseException) -> Optional[Tuple[str, int, str]]:
+    """The innermost traceback frame in the user's code (not torch, not edgedyn, not the standard library)."""
+    package_roots = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parents[1]),
+                     str(Path(inspect.__file__).parent))
+    found = None
+    seen = set()
+    current = error  # type: Optional[BaseException]
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for frame in traceback.extract_tb(current.__traceback__):
+            path = str(Path(frame.filename).resolve())
+            if not path.startswith(package_roots) and "site-packages" not in path and not frame.filename.startswith("<"):
+                found = (frame.filename, frame.lineno or 0, (frame.line or "").strip())
+        current = current.__cause__ or current.__context__
+    return found

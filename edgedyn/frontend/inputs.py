@@ -1,0 +1,91 @@
+"""Example inputs: parsing `--input` and normalizing the Python API's example_inputs into specialization sets.
+
+`--input NAME=VALUE` names one argument. VALUE is a shape `1x3x64x64` (a float32 tensor; `scalar` for a 0-d
+tensor) with an optional dtype suffix `:float16` / `:int64`, or a Python scalar `4`, `0.5`, `true`.
+A dtype suffix makes a tensor of a bare number: `x=8:float32` is a 1-d tensor, `n=8` is the int 8.
+Repeating a name starts a new specialization that keeps the other arguments of the previous one:
+`--input x=1x3x64x64 --input x=8x3x64x64` exports batch 1 and batch 8 into one bundle.
+"""
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence, Tuple, Union
+
+from edgedyn.errors import CaptureError
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
+_SHAPE = re.compile(r"^(scalar|\d+(x\d+)*)$")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor argument given by shape and dtype; its values are drawn at random (never zeros)."""
+
+    shape: Tuple[int, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise CaptureError("unknown dtype {!r}; choose from: {}".format(self.dtype, ", ".join(DTYPES)))
+        if any(size <= 0 for size in self.shape):
+            raise CaptureError("shape {} has a zero or negative size; export needs real sizes".format(self.shape))
+
+
+Value = Union[TensorSpec, int, float, bool, Any]
+InputSet = Dict[str, Value]
+
+
+def parse_value(name: str, text: str) -> Value:
+    shape_text, _, dtype = text.partition(":")
+    lowered = shape_text.lower()
+    if not dtype:
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        if re.fullmatch(r"-?\d+", shape_text):
+            return int(shape_text)
+        try:
+            return float(shape_text)
+        except ValueError:
+            pass
+    if not _SHAPE.match(lowered):
+        raise CaptureError(
+            "cannot read --input {}={}".format(name, text),
+            hint="give a shape like {}=1x3x224x224 (optionally :float16 / :int64) or a number like n=4".format(name),
+        )
+    shape = () if lowered == "scalar" else tuple(int(size) for size in lowered.split("x"))
+    return TensorSpec(shape, dtype or "float32")
+
+
+def parse_input_options(options: Sequence[str]) -> List[InputSet]:
+    """Turns repeated `--input NAME=VALUE` options into specialization sets (see the module docstring)."""
+    sets = []  # type: List[InputSet]
+    current = {}  # type: InputSet
+    for option in options:
+        name, separator, text = option.partition("=")
+        name = name.strip()
+        if not separator or not name.isidentifier() or not text:
+            raise CaptureError("cannot read --input {!r}".format(option), hint="write it as NAME=VALUE, e.g. x=1x3x224x224")
+        if name in current:
+            sets.append(current)
+            current = dict(current)
+        current[name] = parse_value(name, text.strip())
+    if current:
+        sets.append(current)
+    return sets
+
+
+def normalize_examples(examples: Any) -> List[Union[Tuple[Any, ...], Dict[str, Any]]]:
+    """The Python API's example_inputs: a tuple or dict is one set; a list of them is several specializations."""
+    if isinstance(examples, list):
+        if not examples:
+            raise CaptureError("example_inputs is an empty list", hint="give at least one tuple or dict of inputs")
+        for item in examples:
+            if not isinstance(item, (tuple, dict)):
+                raise CaptureError(
+                    "example_inputs is a list, so each item must be one specialization (a tuple or a dict), "
+                    "got {}".format(type(item).__name__),
+                    hint="for one set of inputs pass a tuple, e.g. (torch.randn(1, 3, 64, 64),)",
+                )
+        return list(examples)
+    if isinstance(examples, (tuple, dict)):
+        return [examples]
+    return [(examples,)]

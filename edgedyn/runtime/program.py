@@ -1,0 +1,195 @@
+"""A loaded bundle as a callable: bind arguments, check guards, dispatch to a specialization, run its executor."""
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edgedyn.runtime import guards as guard_checks
+from edgedyn.runtime.errors import EdgedynError, GuardError, PlatformError
+from edgedyn.runtime.executors import executor_class
+from edgedyn.runtime.format import Bundle, PathLike, host_arch
+
+
+class Specialization:
+    """One captured set of shapes and constants, with the artifact that runs it here."""
+
+    def __init__(self, record: Dict[str, Any]) -> None:
+        self.record = record
+        self.name = record["name"]  # type: str
+        self.guards = record["guards"]  # type: List[Dict[str, Any]]
+        self.inputs = [item["name"] for item in record["inputs"]]  # type: List[str]
+        self.outputs = record["outputs"]  # type: List[Dict[str, Any]]
+        self.output_tree = record["output_tree"]  # type: Dict[str, Any]
+        self.artifact = None  # type: Optional[Dict[str, Any]]
+        self.executor = None  # type: Any
+
+    def runnable_artifacts(self, arch: str) -> List[Dict[str, Any]]:
+        return [a for a in self.record["artifacts"] if a.get("arch") in (None, arch)]
+
+
+class Program:
+    """The callable a bundle becomes on the board: `program(x, n=4)` returns numpy arrays."""
+
+    def __init__(self, bundle: Bundle, threads: Optional[int] = None) -> None:
+        started = time.perf_counter()
+        self.bundle = bundle
+        self.manifest = bundle.manifest
+        self.signature = self.manifest["signature"]  # type: List[Dict[str, Any]]
+        self.specializations = [Specialization(record) for record in self.manifest["specializations"]]
+        arch = host_arch()
+        for spec in self.specializations:
+            candidates = spec.runnable_artifacts(arch)
+            if not candidates:
+                raise _wrong_platform(bundle, spec, arch)
+            spec.artifact = candidates[0]
+            spec.executor = executor_class(spec.artifact["executor"])(bundle, spec.artifact, {"threads": threads})
+        self.init_ms = (time.perf_counter() - started) * 1000.0
+
+    @property
+    def name(self) -> str:
+        return self.manifest["model"]["name"]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        spec, values = self.dispatch(*args, **kwargs)
+        flat = spec.executor.run([np.ascontiguousarray(values[name]) for name in spec.inputs])
+        return build_outputs(spec.output_tree, flat)
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, Dict[str, Any]]:
+        """The specialization whose guards all hold for these arguments, and the bound argument values."""
+        values = self.bind(args, kwargs)
+        failures = []
+        for spec in self.specializations:
+            failure = guard_checks.first_failure(spec.guards, values)
+            if failure is None:
+                return spec, values
+            failures.append((spec.name, failure))
+        raise GuardError(_no_match_message(self.name, failures), hint=_no_match_hint(self.signature, values))
+
+    def bind(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """Maps positional and keyword arguments to the captured signature, as Python would."""
+        names = [param["name"] for param in self.signature]
+        if len(args) > len(names):
+            raise GuardError("{} takes {} argument(s) ({}), got {}".format(
+                self.name, len(names), ", ".join(names), len(args)))
+        values = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise GuardError("{} got an unexpected argument '{}'; its arguments are: {}".format(
+                    self.name, key, ", ".join(names)))
+            if key in values:
+                raise GuardError("{} got argument '{}' twice (positionally and by name)".format(self.name, key))
+            values[key] = value
+        for param in self.signature:
+            name = param["name"]
+            if name not in values:
+                if "default" not in param:
+                    raise GuardError("{} is missing argument '{}'".format(self.name, name))
+                values[name] = param["default"]
+            elif param["kind"] == "tensor" and not isinstance(values[name], np.ndarray) and (
+                    hasattr(values[name], "__array__") or isinstance(values[name], (list, tuple))):
+                values[name] = np.asarray(values[name])
+        return values
+
+    def reference(self, spec: Specialization) -> Tuple[Dict[str, Any], List[np.ndarray]]:
+        """The reference arguments stored at export time and torch eager's outputs for them."""
+        arrays = self.bundle.arrays(spec.record["reference"])
+        values = dict(spec.record["constants"])
+        for name in spec.inputs:
+            values[name] = arrays["input." + name]
+        outputs = [arrays["output.{}".format(i)] for i in range(len(spec.outputs))]
+        return values, outputs
+
+    def verify(self) -> List[Dict[str, Any]]:
+        """Runs every specialization on its reference inputs and compares with torch eager's outputs."""
+        results = []
+        for spec in self.specializations:
+            values, expected = self.reference(spec)
+            chosen, _ = self.dispatch(**values)
+            if chosen is not spec:
+                raise EdgedynError("reference inputs of '{}' dispatched to '{}'; the bundle's guards overlap".format(
+                    spec.name, chosen.name))
+            actual = flatten_outputs(spec.output_tree, self(**values))
+            tolerance = spec.artifact.get("tolerance", {"rtol": 1e-4, "atol": 1e-6})
+            for record, got, want in zip(spec.outputs, actual, expected):
+                results.append(dict(compare(got, want, tolerance), specialization=spec.name, output=record["name"],
+                                    artifact=spec.artifact["backend"]))
+        return results
+
+
+def compare(got: np.ndarray, want: np.ndarray, tolerance: Dict[str, float]) -> Dict[str, Any]:
+    """Max abs error, and max abs error relative to the largest reference magnitude; passes within tolerance."""
+    if got.shape != want.shape:
+        return {"ok": False, "max_abs": float("inf"), "max_rel": float("inf"),
+                "error": "shape {} != expected {}".format(got.shape, want.shape)}
+    if want.size == 0:
+        return {"ok": True, "max_abs": 0.0, "max_rel": 0.0}
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    max_abs = float(np.max(diff))
+    scale = float(np.max(np.abs(want.astype(np.float64))))
+    max_rel = max_abs / scale if scale > 0 else max_abs
+    ok = bool(np.all(np.isfinite(got) == np.isfinite(want))) and max_abs <= tolerance["atol"] + tolerance["rtol"] * scale
+    return {"ok": ok, "max_abs": max_abs, "max_rel": max_rel, "rtol": tolerance["rtol"], "atol": tolerance["atol"]}
+
+
+def build_outputs(tree: Dict[str, Any], flat: List[np.ndarray]) -> Any:
+    """Rebuilds the model's output structure (tensor, tuple, list, dict, None) from flat arrays."""
+    kind = tree["kind"]
+    if kind == "tensor":
+        return flat[tree["index"]]
+    if kind == "none":
+        return None
+    if kind == "constant":
+        return tree["value"]
+    items = [build_outputs(item, flat) for item in tree["items"]]
+    if kind == "tuple":
+        return tuple(items)
+    if kind == "list":
+        return items
+    if kind == "dict":
+        return dict(zip(tree["keys"], items))
+    raise ValueError("unknown output kind {!r}".format(kind))
+
+
+def flatten_outputs(tree: Dict[str, Any], value: Any) -> List[np.ndarray]:
+    """The tensors of an output structure in manifest order."""
+    kind = tree["kind"]
+    if kind == "tensor":
+        return [value]
+    if kind in ("none", "constant"):
+        return []
+    values = [value[key] for key in tree["keys"]] if kind == "dict" else list(value)
+    flat = []  # type: List[np.ndarray]
+    for item, item_value in zip(tree["items"], values):
+        flat.extend(flatten_outputs(item, item_value))
+    return flat
+
+
+def _no_match_message(model: str, failures: List[Tuple[str, str]]) -> str:
+    lines = ["no specialization of {} matches these arguments:".format(model)]
+    for name, failure in failures:
+        lines.append("  {}: {}".format(name, failure))
+    return "\n".join(lines)
+
+
+def _no_match_hint(signature: List[Dict[str, Any]], values: Dict[str, Any]) -> str:
+    try:
+        wanted = " ".join("--input " + guard_checks.input_spec(p["name"], values[p["name"]]) for p in signature)
+    except Exception:  # an argument of a kind we cannot describe: the message above already says what failed
+        return "pass arguments with the shapes and dtypes listed above"
+    return "pass arguments matching one specialization, or export again adding: {}".format(wanted)
+
+
+def _wrong_platform(bundle: Bundle, spec: Specialization, arch: str) -> PlatformError:
+    built = sorted({str(a.get("arch")) for a in spec.record["artifacts"]})
+    board = bundle.manifest["board"]
+    return PlatformError(
+        "bundle {} was built for {} (board {}), but this machine is {}".format(
+            bundle.path.name, "/".join(built), board.get("name"), arch),
+        hint="run it on a {} board, or export again for this machine with --board {}".format(
+            board.get("name"), "x86-64" if arch == "x86_64" else "<your board>"),
+    )
+
+
+def load(path: PathLike, threads: Optional[int] = None) -> Program:
+    """Opens a bundle, checks format, checksums and CPU architecture, and returns the callable program."""
+    return Program(Bundle(path), threads=threads)
