@@ -8,7 +8,7 @@ from typing import Any, List
 from edgedyn.backends import Artifact
 from edgedyn.boards import Board, Target
 from edgedyn.errors import BackendError, MissingDependencyError
-from edgedyn.runtime.format import pack_arrays
+from edgedyn.runtime.format import host_arch, pack_arrays
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
 
@@ -29,8 +29,11 @@ def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) 
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
+    from edgedyn.frontend import quiet_torch
+
     try:
-        module = from_exported_program(program, keep_params_as_input=True, unwrap_unit_return_tuple=True)
+        with quiet_torch():
+            module = from_exported_program(program, keep_params_as_input=True, unwrap_unit_return_tuple=True)
     except Exception as error:
         raise BackendError("TVM's torch frontend cannot import this graph: {}".format(_first_line(error)),
                            hint="try --backend with another backend, or report the operator named above")
@@ -50,7 +53,7 @@ def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) 
         target=target.name,
         files={"library": library, "weights": pack_arrays(dict(zip(order, weights)))},
         file_names={"library": "model.so", "weights": "weights.npz"},
-        meta={"weight_order": order, "tvm_target": dict(target.tvm), "tolerance": dict(TOLERANCE),
+        meta={"weight_order": order, "tvm_target": target.to_dict()["tvm"], "tolerance": dict(TOLERANCE),
               "requires": {"python": ["apache-tvm"]}},
     )
 
@@ -59,7 +62,7 @@ def _export_library(tvm: Any, executable: Any, target: Target) -> bytes:
     """Links the executable into a shared library for the target CPU and returns its bytes, stripped."""
     with tempfile.TemporaryDirectory(prefix="edgedyn-tvm-") as workdir:
         path = Path(workdir) / "model.so"
-        if target.cross_compiler:
+        if target.cross_compiler and target.arch != host_arch():
             if shutil.which(target.cross_compiler) is None:
                 raise MissingDependencyError(
                     "building for {} needs the cross compiler {}, which is not on PATH".format(
@@ -77,7 +80,7 @@ def _export_library(tvm: Any, executable: Any, target: Target) -> bytes:
 def _strip(path: Path, target: Target) -> None:
     """Drops debug info and the build id, which carry temp-dir names and make identical builds differ."""
     strip = "strip"
-    if target.cross_compiler:
+    if target.cross_compiler and target.arch != host_arch():
         strip = target.cross_compiler.rsplit("-", 1)[0] + "-strip"
     if shutil.which(strip) is None:
         return

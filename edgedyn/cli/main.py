@@ -6,6 +6,9 @@ from typing import List, Optional
 import typer
 
 from edgedyn.cli import boards
+from edgedyn.cli.export import export_command
+from edgedyn.cli.inspect import inspect_command
+from edgedyn.cli.verify import verify_command
 
 app = typer.Typer(
     name="edgedyn",
@@ -14,7 +17,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.command("export")(export_command)
+app.command("verify")(verify_command)
+app.command("inspect")(inspect_command)
 app.add_typer(boards.app, name="boards")
+
+# Commands that run on the board: they never compile, so TVM may load its runtime library alone.
+DEVICE_COMMANDS = ("verify", "inspect", "bench")
 
 
 def _report(error: BaseException) -> None:
@@ -29,25 +38,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Entry point of the `edgedyn` script."""
     from edgedyn.runtime.errors import EdgedynError
 
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in DEVICE_COMMANDS and "tvm" not in sys.modules:
+        # Note: see edgedyn/runtime/executors/tvm.py; only a process that never compiles may set this.
+        os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=args, prog_name="edgedyn")  # usage errors exit 2 from click itself
     except EdgedynError as error:
         if os.environ.get("EDGEDYN_DEBUG"):
             raise
         _report(error)
         sys.exit(getattr(error, "exit_code", 2))
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
-    except Exception as error:  # click's usage errors carry their own exit code (2)
-        import click
-
-        if isinstance(error, click.exceptions.ClickException):
-            error.show()
-            sys.exit(error.exit_code)
-        if isinstance(error, click.exceptions.Abort):
-            sys.exit(130)
-        raise
-
 
 if __name__ == "__main__":
     main()

@@ -39,15 +39,10 @@ def attribute(gm: fx.GraphModule, target: str) -> torch.Tensor:
     return value
 
 
-_counter = itertools.count()
-
-
 def add_constant(gm: fx.GraphModule, value: torch.Tensor, prefix: str, before: fx.Node) -> fx.Node:
     """Registers `value` as a new weight of the module and returns a get_attr node reading it."""
-    while True:
-        name = "_edgedyn_{}_{}".format(prefix, next(_counter))
-        if not hasattr(gm, name):
-            break
+    # Names depend only on the graph (not on a process-wide counter), so two exports give identical bundles.
+    name = next(n for n in ("_edgedyn_{}_{}".format(prefix, i) for i in itertools.count()) if not hasattr(gm, n))
     # A parameter, not a buffer: backends keep parameters as separate weights, buffers may be baked into code.
     gm.register_parameter(name, torch.nn.Parameter(value.detach().contiguous(), requires_grad=False))
     with gm.graph.inserting_before(before):

@@ -9,10 +9,12 @@ import io
 import json
 import os
 import platform
+import struct
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Tuple, Union
 
 import numpy as np
 
@@ -61,22 +63,19 @@ class Bundle:
                 hint="create one with `edgedyn export MODEL.py:NAME --board BOARD -o {}`".format(self.path.name),
             )
         try:
-            with zipfile.ZipFile(str(self.path)) as archive:
-                self._members = {info.filename: archive.read(info) for info in archive.infolist()}
+            self._members, crcs = _read_stored_members(self.path)
         except zipfile.BadZipFile as error:
-            if "CRC" in str(error):
-                raise ChecksumError(
-                    "bundle {} is corrupt: {}".format(self.path, error),
-                    hint="copy the bundle to the board again, or export it again",
-                )
             raise BundleError(
                 "{} is not a readable edgedyn bundle (truncated or not a bundle at all): {}".format(self.path, error),
-                hint="copy the bundle to the board again and compare its size with the original",
+                hint="copy the bundle to the board again and compare its size and sha256 with the original",
             )
-        except (OSError, EOFError, ValueError) as error:
+        except (OSError, EOFError, ValueError, struct.error) as error:
             raise BundleError("cannot read bundle {}: {}".format(self.path, error))
         if MANIFEST_NAME not in self._members:
             raise BundleError("{} has no {}; it is not an edgedyn bundle".format(self.path, MANIFEST_NAME))
+        if zlib.crc32(self._members[MANIFEST_NAME]) != crcs[MANIFEST_NAME]:
+            raise ChecksumError("bundle {}: its manifest is damaged (CRC mismatch)".format(self.path),
+                                hint="copy the bundle again or export it again; never edit a bundle by hand")
         self.manifest = _parse_manifest(self._members[MANIFEST_NAME], self.path)
         self._verify_members()
         self.sha256 = sha256_file(self.path)
@@ -124,6 +123,34 @@ class Bundle:
 
     def member_sizes(self) -> Dict[str, int]:
         return {name: record["size"] for name, record in self.manifest["members"].items()}
+
+
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+
+
+def _read_stored_members(path: Path) -> Tuple[Dict[str, bytes], Dict[str, int]]:
+    """Member bytes straight from the file, for stored (uncompressed) members, and their zip CRCs.
+
+    zipfile's reader would stop at the first CRC error with a message naming no checksum; reading the stored bytes
+    lets the manifest's SHA-256 say which member is damaged.
+    """
+    data = path.read_bytes()
+    members, crcs = {}, {}
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise BundleError("bundle {}: member {} is compressed; edgedyn writes stored members only".format(
+                    path, info.filename))
+            fields = _LOCAL_HEADER.unpack_from(data, info.header_offset)
+            if fields[0] != b"PK\x03\x04":
+                raise zipfile.BadZipFile("bad local header for {}".format(info.filename))
+            start = info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
+            content = data[start:start + info.compress_size]
+            if len(content) != info.compress_size:
+                raise zipfile.BadZipFile("member {} is cut short".format(info.filename))
+            members[info.filename] = content
+            crcs[info.filename] = info.CRC
+    return members, crcs
 
 
 def cache_dir() -> Path:

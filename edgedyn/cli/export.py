@@ -1,0 +1,38 @@
+"""`edgedyn export`: a model file to a bundle for one board."""
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from typing_extensions import Annotated
+
+from edgedyn.cli.common import err, human_bytes, out, progress
+
+
+def export_command(
+    model: Annotated[str, typer.Argument(help="The model as path/to/model.py:Name (a module class, an instance, a "
+                                              "zero-argument factory or a function).")],
+    board: Annotated[str, typer.Option("--board", "-b", help="Board name (see `edgedyn boards`) or path to a board TOML.")]
+    = "x86-64",
+    input_: Annotated[Optional[List[str]], typer.Option(
+        "--input", "-i", help="Example input NAME=VALUE: a shape 1x3x224x224[:dtype] or a number (specialized). "
+                              "Repeat a name for another specialization, e.g. -i x=1x3x64x64 -i x=8x3x64x64. "
+                              "Default: the model file's example_inputs().")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Bundle file to write.")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="Compiler backend.")] = "tvm",
+    pipeline: Annotated[str, typer.Option("--pipeline", help="Pass pipeline (default, none).")] = "default",
+    verify: Annotated[bool, typer.Option(help="Check the bundle against torch eager when this machine can run it.")]
+    = True,
+) -> None:
+    """Capture MODEL at its example inputs, optimize and compile it for BOARD, and write one bundle file."""
+    from edgedyn.exporter import export
+    from edgedyn.runtime.format import Bundle
+
+    with progress("export") as step:
+        path = export(model, board=board, output=output, backend=backend, inputs=input_ or None,
+                      pipeline=pipeline, verify=verify, progress=step)
+    bundle = Bundle(path)
+    specs = bundle.manifest["specializations"]
+    err.print("exported {} for {} ({}): {} specialization(s) [{}], {}".format(
+        bundle.manifest["model"]["name"], bundle.manifest["board"]["name"], backend, len(specs),
+        ", ".join(s["name"] for s in specs), human_bytes(path.stat().st_size)))
+    out.print(str(path))

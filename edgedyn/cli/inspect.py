@@ -1,0 +1,62 @@
+"""`edgedyn inspect`: what a bundle holds, without running it (no backend runtime needed)."""
+from pathlib import Path
+from typing import Any, Dict
+
+import typer
+from rich.table import Table
+from typing_extensions import Annotated
+
+from edgedyn.cli.common import human_bytes, out, print_json
+
+
+def inspect_command(
+    bundle: Annotated[Path, typer.Argument(help="The .edgedyn bundle to describe.")],
+    json_: Annotated[bool, typer.Option("--json", help="Print the manifest and sizes as JSON.")] = False,
+) -> None:
+    """Show the board, backend, guards and specializations, inputs and outputs, sizes and versions."""
+    from edgedyn.runtime import guards
+    from edgedyn.runtime.format import Bundle
+
+    opened = Bundle(bundle)
+    manifest = opened.manifest
+    if json_:
+        print_json(dict(manifest, bundle={"path": str(bundle), "sha256": opened.sha256,
+                                          "size": bundle.stat().st_size}))
+        return
+    board = manifest["board"]
+    out.print("{}  {}".format(bundle.name, human_bytes(bundle.stat().st_size)), style="bold")
+    out.print("model      {}  ({})".format(manifest["model"]["name"], manifest["model"]["source"]))
+    out.print("board      {}  ({}, {})".format(board["name"], board["arch"], board.get("description", "")))
+    out.print("signature  {}".format(", ".join(_param(p) for p in manifest["signature"])))
+    out.print("pipeline   {}: {}".format(manifest["pipeline"]["name"], ", ".join(manifest["pipeline"]["passes"]) or "-"))
+    out.print("produced   {} by {}".format(manifest["created"], ", ".join(
+        "{} {}".format(k, v) for k, v in sorted(manifest["producer"].items()))))
+    out.print("sha256     {}".format(opened.sha256))
+    sizes = opened.member_sizes()
+    for spec in manifest["specializations"]:
+        out.print("")
+        out.print("specialization {}  ({} ops captured, {} after passes)".format(
+            spec["name"], spec["graph"]["ops_captured"], spec["graph"]["ops_optimized"]), style="bold")
+        out.print("  guards   {}".format("; ".join(guards.describe(g) for g in spec["guards"])))
+        out.print("  inputs   {}".format(", ".join(_tensor(t) for t in spec["inputs"]) or "-"))
+        out.print("  outputs  {}".format(", ".join(_tensor(t) for t in spec["outputs"])))
+        table = Table(box=None, pad_edge=False)
+        for column in ("artifact", "device", "arch", "target", "files"):
+            table.add_column(column)
+        for artifact in spec["artifacts"]:
+            files = ", ".join("{} {}".format(name, human_bytes(sizes[name])) for name in artifact["files"].values())
+            table.add_row(artifact["backend"], artifact["device"], str(artifact["arch"] or "any"),
+                          artifact["target"], files)
+        out.print(table)
+
+
+def _param(record: Dict[str, Any]) -> str:
+    if "default" in record:
+        return "{}={!r}".format(record["name"], record["default"])
+    return record["name"]
+
+
+def _tensor(record: Dict[str, Any]) -> str:
+    from edgedyn.runtime.guards import format_shape
+
+    return "{} {}[{}]".format(record["name"], record["dtype"], format_shape(record["shape"]))

@@ -1,0 +1,39 @@
+"""`edgedyn verify`: on the board, run the bundle's reference inputs and compare with torch eager's outputs."""
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+from typing_extensions import Annotated
+
+from edgedyn.cli.common import err, out, print_json
+
+
+def verify_command(
+    bundle: Annotated[Path, typer.Argument(help="The .edgedyn bundle to check.")],
+    json_: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="Threads for the executor.")] = None,
+) -> None:
+    """Run every specialization on its reference inputs; exit 1 when an output differs beyond tolerance."""
+    import edgedyn.runtime as rt
+    from edgedyn.runtime.format import host_arch
+
+    program = rt.load(bundle, threads=threads)
+    results = program.verify()
+    failed = [r for r in results if not r["ok"]]
+    if json_:
+        print_json({"bundle": str(bundle), "ok": not failed, "arch": host_arch(), "results": results})
+    else:
+        table = Table(title="verify {}".format(bundle.name))
+        for column in ("specialization", "output", "artifact", "max abs err", "max rel err", "tolerance", "result"):
+            table.add_column(column)
+        for r in results:
+            table.add_row(r["specialization"], r["output"], r["artifact"], "{:.3g}".format(r["max_abs"]),
+                          "{:.3g}".format(r["max_rel"]), "rtol {:g}".format(r.get("rtol", 0)),
+                          "ok" if r["ok"] else "MISMATCH")
+        out.print(table)
+    if failed:
+        err.print("error: {} of {} outputs differ from torch eager beyond tolerance".format(len(failed), len(results)))
+        raise typer.Exit(1)
+    err.print("verified {} output(s) of {} specialization(s) on {}".format(
+        len(results), len(program.specializations), host_arch()))

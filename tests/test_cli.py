@@ -1,0 +1,111 @@
+"""The `edgedyn` command end to end, in fresh interpreters: what a user types and what they read back."""
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+import edgedyn.runtime as rt
+from edgedyn.bundle import BundleWriter
+from edgedyn.runtime.format import MANIFEST_NAME, pack_arrays
+
+from conftest import EXAMPLES
+
+
+def test_export_verify_inspect_tiny_cnn(run_cli, tmp_path):
+    bundle = tmp_path / "tiny.edgedyn"
+    exported = run_cli("export", str(EXAMPLES / "tiny_cnn.py") + ":TinyCNN", "--board", "x86-64",
+                       "--input", "x=1x3x64x64", "-o", str(bundle))
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.strip() == str(bundle)  # data on stdout, progress on stderr
+    assert "exported TinyCNN for x86-64 (tvm): 1 specialization(s) [x=1x3x64x64]" in exported.stderr
+
+    verified = run_cli("verify", str(bundle))
+    assert verified.returncode == 0, verified.stderr
+    assert "verified 1 output(s) of 1 specialization(s) on x86_64" in verified.stderr
+    assert "output_0" in verified.stdout and "ok" in verified.stdout
+
+    shown = run_cli("inspect", str(bundle))
+    assert shown.returncode == 0, shown.stderr
+    for text in ("board      x86-64", "x.shape[0] == 1", "x float32[1x3x64x64]", "tvm", "x86-64-v2", "torch 2.13.0"):
+        assert text in shown.stdout
+
+    manifest = json.loads(run_cli("inspect", "--json", str(bundle)).stdout)
+    assert manifest["board"]["name"] == "x86-64"
+    assert manifest["specializations"][0]["artifacts"][0]["backend"] == "tvm"
+    assert manifest["bundle"]["size"] == bundle.stat().st_size
+
+
+def test_verify_json_reports_errors_per_output(run_cli, export_example):
+    result = run_cli("verify", "--json", str(export_example("mlp")))
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["ok"]
+    assert [r["specialization"] for r in report["results"]] == ["x=1x64", "x=8x64"]
+    assert all(r["max_rel"] < 1e-4 for r in report["results"])
+
+
+def test_verify_exits_1_when_outputs_differ(run_cli, export_example, tmp_path):
+    source = export_example("loop_example")
+    with zipfile.ZipFile(source) as archive:
+        manifest = json.loads(archive.read(MANIFEST_NAME))
+        members = {name: archive.read(name) for name in manifest["members"]}
+    spec = manifest["specializations"][0]
+    reference = rt.Bundle(source).arrays(spec["reference"])
+    reference["output.0"] = reference["output.0"] * 1.01  # as if the backend were off by 1%
+    members[spec["reference"]] = pack_arrays(reference)
+    writer = BundleWriter()
+    writer.members.update(members)
+    wrong = writer.write(tmp_path / "wrong.edgedyn", manifest)
+
+    result = run_cli("verify", str(wrong))
+    assert result.returncode == 1
+    assert "MISMATCH" in result.stdout
+    assert "error: 1 of 1 outputs differ from torch eager beyond tolerance" in result.stderr
+
+
+@pytest.mark.parametrize("args, error, hint", [
+    (["export", "examples/tiny_cnn.py:TinyCNN", "--board", "jetson-nan"],
+     "error: unknown board 'jetson-nan'; choose from: jetson-nano, jetson-orin-nano", "hint: did you mean 'jetson-nano'?"),
+    (["export", "examples/tiny_cnn.py:TinyCNN", "--input", "x=1x3xx"],
+     "error: cannot read --input x=1x3xx", "hint: give a shape like x=1x3x224x224"),
+    (["export", "examples/nothing.py:Net"], "error: model file examples/nothing.py does not exist", "hint:"),
+    (["export", "examples/tiny_cnn.py:TinyCNN", "--backend", "tvmm"],
+     "error: unknown backend 'tvmm'; choose from: tvm", None),
+    (["verify", "missing.edgedyn"], "error: bundle missing.edgedyn does not exist", "hint: create one with"),
+])
+def test_user_errors_are_one_line_without_traceback(run_cli, args, error, hint):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert error in result.stderr
+    if hint:
+        assert hint in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_edgedyn_debug_shows_the_traceback(run_cli):
+    result = run_cli("verify", "missing.edgedyn", env={"EDGEDYN_DEBUG": "1"})
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_foreign_bundle_is_refused_by_verify(run_cli, export_example):
+    if rt.format.host_arch() != "x86_64":
+        pytest.skip("checks the x86 side")
+    result = run_cli("verify", str(export_example("tiny_cnn", board="raspberry-pi-4")))
+    assert result.returncode == 2
+    assert "was built for aarch64 (board raspberry-pi-4), but this machine is x86_64" in result.stderr
+
+
+def test_usage_error_exits_2(run_cli):
+    result = run_cli("export")
+    assert result.returncode == 2 and "Missing argument" in result.stderr
+
+
+def test_python_api_returns_the_bundle_path(tmp_path):
+    import torch
+
+    import edgedyn
+
+    path = edgedyn.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),), board="x86-64", output=tmp_path / "lin.edgedyn")
+    assert path == tmp_path / "lin.edgedyn"
+    x = np.random.rand(3, 4).astype(np.float32)
+    assert rt.load(path)(x).shape == (3, 2)

@@ -1,0 +1,158 @@
+"""Each pass shrinks the graph and keeps outputs equal to torch eager on fresh random inputs."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import edgedyn
+from edgedyn.passes import PIPELINES, run_pipeline
+from edgedyn.passes.batchnorm import fold_batchnorm
+from edgedyn.passes.constant_folding import fold_constants
+from edgedyn.passes.dead_code import remove_dead_code
+from edgedyn.passes.decompose import decompose_to_core_aten, is_core_aten
+from edgedyn.passes.graph import op_count, op_histogram
+from edgedyn.errors import EdgedynError
+
+RTOL = 1e-5
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
+        self.bn2 = nn.BatchNorm2d(8, affine=False)
+        self.fc = nn.Linear(8, 4)
+        for bn in (self.bn1, self.bn2):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2.0)
+        self.bn1.weight.data.uniform_(0.5, 2.0)
+        self.bn1.bias.data.uniform_(-1, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = self.bn2(self.conv2(x))
+        return self.fc(x.mean((2, 3)))
+
+
+class DeadAndConstant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6, 5))
+        self.scale = nn.Parameter(torch.rand(5) + 0.5)
+        self.unused = nn.Linear(5, 5)
+
+    def forward(self, x):
+        unused = self.unused(x) * 3  # noqa: F841  dead: its result is never returned
+        w = (self.weight * self.scale).t()  # weights only: folded at export time
+        return x @ w.t().t()
+
+
+def _graph(model, *shapes):
+    inputs = tuple(torch.randn(*s) for s in shapes)
+    (spec,) = edgedyn.capture(model.eval(), inputs).specializations
+    return spec.program.module()
+
+
+def _assert_same(model, gm, *shapes):
+    for _ in range(3):
+        inputs = tuple(torch.randn(*s) for s in shapes)
+        with torch.no_grad():
+            expected = model(*inputs)
+            (actual,) = gm(*inputs)
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=1e-6)
+
+
+def test_decompose_gives_core_aten_and_same_outputs():
+    model = ConvBN()
+    gm = decompose_to_core_aten(_graph(model, (2, 3, 16, 16)))
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert all(is_core_aten(t) for t in targets), [t for t in targets if not is_core_aten(t)]
+    assert torch.ops.aten.convolution.default in targets and torch.ops.aten.conv2d.default not in targets
+    _assert_same(model, gm, (2, 3, 16, 16))
+
+
+def test_fold_batchnorm_removes_every_batch_norm():
+    model = ConvBN()
+    gm = decompose_to_core_aten(_graph(model, (2, 3, 16, 16)))
+    before = op_count(gm)
+    gm = remove_dead_code(fold_batchnorm(gm))
+    assert "_native_batch_norm_legit_no_training.default" not in str(op_histogram(gm))
+    assert op_count(gm) == before - 2
+    _assert_same(model, gm, (2, 3, 16, 16))
+
+
+def test_fold_batchnorm_keeps_a_conv_whose_raw_output_is_also_used():
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 1)
+            self.bn = nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.bn(y) + y
+
+    model = Shared()
+    gm = decompose_to_core_aten(_graph(model, (1, 3, 4, 4)))
+    before = op_histogram(gm)
+    gm = remove_dead_code(fold_batchnorm(gm))
+    assert op_histogram(gm) == before
+    _assert_same(model, gm, (1, 3, 4, 4))
+
+
+def test_fold_constants_evaluates_weight_only_subgraphs():
+    model = DeadAndConstant()
+    gm = decompose_to_core_aten(_graph(model, (3, 5)))
+    before = op_count(gm)
+    gm = remove_dead_code(fold_constants(gm))
+    histogram = op_histogram(gm)
+    assert op_count(gm) < before
+    assert "mul.Tensor" not in str(histogram)  # weight * scale was computed at export time
+    _assert_same(model, gm, (3, 5))
+
+
+def test_remove_dead_code_drops_unused_ops_and_their_weights():
+    # torch.export already drops code that is dead in the source; dead code appears when passes rewrite the graph
+    # (a folded batch norm's statistics, a weight replaced by its folded copy), so add some as a pass would.
+    model = DeadAndConstant()
+    gm = decompose_to_core_aten(_graph(model, (3, 5)))
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    gm.register_parameter("stale", nn.Parameter(torch.randn(5), requires_grad=False))
+    with gm.graph.inserting_before(output):
+        stale = gm.graph.get_attr("stale")
+        gm.graph.call_function(torch.ops.aten.relu.default, (gm.graph.call_function(torch.ops.aten.mul.Tensor, (x, stale)),))
+    gm.recompile()
+    before = op_count(gm)
+    gm = remove_dead_code(gm)
+    assert op_count(gm) == before - 2
+    assert "stale" not in {n for n, _ in gm.named_parameters()}
+    _assert_same(model, gm, (3, 5))
+
+
+def test_default_pipeline_shrinks_and_keeps_outputs():
+    model = ConvBN()
+    (spec,) = edgedyn.capture(model.eval(), (torch.randn(1, 3, 16, 16),)).specializations
+    optimized = run_pipeline(spec.program)
+    assert op_count(optimized.graph_module) < op_count(spec.program.graph_module)
+    _assert_same(model, optimized.module(), (1, 3, 16, 16))
+    assert [p.__name__ for p in PIPELINES["default"]] == [
+        "decompose_to_core_aten", "fold_batchnorm", "fold_constants", "remove_dead_code"]
+
+
+def test_passes_do_not_touch_the_users_model():
+    model = ConvBN()
+    state = copy.deepcopy(model.state_dict())
+    (spec,) = edgedyn.capture(model.eval(), (torch.randn(1, 3, 8, 8),)).specializations
+    run_pipeline(spec.program)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, state[key], rtol=0, atol=0)
+
+
+def test_unknown_pipeline_lists_choices():
+    (spec,) = edgedyn.capture(ConvBN().eval(), (torch.randn(1, 3, 8, 8),)).specializations
+    with pytest.raises(EdgedynError, match="unknown pass pipeline 'fast'; choose from: default, none"):
+        run_pipeline(spec.program, "fast")
