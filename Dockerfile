@@ -1,0 +1,15 @@
+# The edgedyn host toolchain: Debian bookworm, Python 3.11, torch 2.13 (CPU), apache-tvm 0.27, the aarch64
+# cross compiler and qemu-user for the emulated board. Installed by the same script as CI and the README.
+FROM python:3.11-slim-bookworm
+
+RUN apt-get update -qq \
+    && apt-get install -y -qq --no-install-recommends ca-certificates git \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /opt/edgedyn
+COPY . .
+RUN bash scripts/install.sh && rm -rf /var/lib/apt/lists/* /root/.cache/pip
+
+WORKDIR /work
+ENTRYPOINT []
+CMD ["edgedyn", "--help"]
