@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
+  g++ binutils                                                            # TVM links x86 libraries with g++
   gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu  # link TVM code for arm64 boards
   qemu-user-static mmdebstrap debian-archive-keyring                      # the emulated aarch64 board in tests/board
 )
