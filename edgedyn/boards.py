@@ -243,6 +243,8 @@ class Board:
     backends: Tuple[str, ...]
     notes: Tuple[str, ...]
     path: Path
+    # onnxruntime execution providers to try on the board, best first (TensorRT and CUDA on a Jetson).
+    onnxruntime_providers: Tuple[str, ...] = ("CPUExecutionProvider",)
 
     def __post_init__(self) -> None:
         where = str(self.path)
@@ -274,6 +276,7 @@ class Board:
                    expected="a CPU from `qemu-aarch64-static -cpu help`")
         _check_names(where, "backends.preference", self.backends, BACKEND_NAMES, allow_empty=False)
         _check_names(where, "notes", self.notes)
+        _check_names(where, "backends.onnxruntime_providers", self.onnxruntime_providers, allow_empty=False)
 
     def target(self, device: str = "cpu") -> Target:
         """The target that compiles for this board's `device` ("cpu" or "gpu")."""
@@ -312,7 +315,8 @@ class Board:
                    "glibc": self.glibc},
             "targets": {"cpu_target": self.cpu_target, "gpu_target": self.gpu_target},
             "emulation": {"qemu_cpu": self.qemu_cpu},
-            "backends": {"preference": list(self.backends)},
+            "backends": {"preference": list(self.backends),
+                         "onnxruntime_providers": list(self.onnxruntime_providers)},
         }
 
 
@@ -327,7 +331,7 @@ _BOARD_FIELDS = {
     "os": ("name", "python", "cuda", "jetpack", "glibc"),
     "targets": ("cpu_target", "gpu_target"),
     "emulation": ("qemu_cpu",),
-    "backends": ("preference",),
+    "backends": ("preference", "onnxruntime_providers"),
 }
 _TARGET_FIELDS = {
     "": ("name", "description", "kind", "arch"),
@@ -442,6 +446,7 @@ def _parse_board(data: Dict[str, Any], path: Path) -> Board:
         backends=_require(data, path, "backends", "preference"),
         notes=_field(data, "", "notes") or (),
         path=path,
+        onnxruntime_providers=_field(data, "backends", "onnxruntime_providers") or ("CPUExecutionProvider",),
     )
 
 

@@ -1,14 +1,17 @@
 """Apache TVM (0.27, Relax): compile the graph for the board's CPU, cross-linking for aarch64 boards."""
+import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List, Optional
 
 from edgedyn.backends import Artifact
 from edgedyn.boards import Board, Target
 from edgedyn.errors import BackendError, MissingDependencyError
-from edgedyn.runtime.format import host_arch, pack_arrays
+from edgedyn.runtime.format import cache_dir, host_arch, pack_arrays
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
 
@@ -23,8 +26,14 @@ def _import_tvm() -> Any:
     return tvm
 
 
-def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) -> Artifact:
+def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str], precision: str = "fp32",
+          reference: Optional[bytes] = None) -> Artifact:
     """Imports the program into Relax, builds it for `target` and returns the shared library and weights."""
+    if target.kind == "cuda":
+        return lower_cuda(program, target, tensor_inputs, precision, reference)
+    if precision != "fp32":
+        raise BackendError("--precision {} is for GPU artifacts; the TVM CPU build computes in fp32".format(precision),
+                           hint="drop --precision, or export for a board with a GPU")
     tvm = _import_tvm()
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
@@ -94,3 +103,69 @@ def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return "{}: {}".format(type(error).__name__, text.splitlines()[-1] if text else "")
 
+
+
+def lower_cuda(program: Any, target: Target, tensor_inputs: List[str], precision: str,
+               reference: Optional[bytes]) -> Artifact:
+    """Builds GPU code for a CUDA target in a separate process (see gpu_worker.py) and checks it is really there."""
+    import torch
+
+    arch = target.tvm["arch"]
+    with tempfile.TemporaryDirectory(prefix="edgedyn-cuda-") as workdir:
+        work = Path(workdir)
+        torch.export.save(program, str(work / "program.pt2"))
+        if reference is not None:
+            (work / "reference.npz").write_bytes(reference)
+        cross = target.cross_compiler if target.cross_compiler and target.arch != host_arch() else None
+        if cross and shutil.which(cross) is None:
+            raise MissingDependencyError("building for {} needs the cross compiler {}".format(target.arch, cross),
+                                         hint="apt-get install g++-aarch64-linux-gnu  (or: bash scripts/install.sh)")
+        request = {"program": str(work / "program.pt2"), "out": str(work), "cache": str(cache_dir()),
+                   "target": target.to_dict(), "cross_compiler": cross, "precision": precision,
+                   "tensor_inputs": tensor_inputs,
+                   "reference": str(work / "reference.npz") if reference is not None else None}
+        (work / "request.json").write_text(json.dumps(request))
+        env = dict(os.environ)
+        env.pop("TVM_USE_RUNTIME_LIB", None)
+        done = subprocess.run([sys.executable, "-m", "edgedyn.backends.gpu_worker", str(work / "request.json")],
+                              capture_output=True, text=True, env=env)
+        if done.returncode != 0 or not (work / "result.json").is_file():
+            raise BackendError("the TVM CUDA build for {} failed:\n{}".format(arch, _tail(done.stderr)),
+                               hint="install the GPU build tools with pip install 'edgedyn[cuda]'; "
+                                    "EDGEDYN_DEBUG=1 shows more")
+        result = json.loads((work / "result.json").read_text())
+        _strip(work / "model.so", target)
+        library, ptx = (work / "model.so").read_bytes(), (work / "kernels.ptx").read_bytes()
+        weights = (work / "weights.npz").read_bytes()
+    facts = check_device_code(library, ptx, arch)
+    gpu = dict(facts, arch=arch, code_format="ptx", nvrtc=result["nvrtc"],
+               runtime="apache-tvm built with CUDA (its CUDA runtime calls CUDA 12 driver functions)")
+    meta = {"weight_order": result["weight_order"], "tvm_target": target.to_dict()["tvm"],
+            "tvm_host": target.to_dict()["tvm_host"], "gpu": gpu, "precision": precision,
+            "tolerance": dict(TOLERANCE) if precision == "fp32" else {"rtol": 1e-2, "atol": 1e-3},
+            "requires": {"python": ["apache-tvm (with CUDA)"], "cuda_driver": facts["min_cuda_driver"],
+                         "compute_capability": arch.replace("sm_", "")[:-1] + "." + arch[-1]}}
+    if "accuracy" in result:
+        meta["accuracy"] = {"measured_on": "host CPU running the mixed-precision graph", "outputs": result["accuracy"]}
+    return Artifact(backend="tvm", executor="tvm", device="cuda", arch=target.arch, target=target.name,
+                    files={"library": library, "weights": weights, "kernels": ptx},
+                    file_names={"library": "model.so", "weights": "weights.npz", "kernels": "kernels.ptx"},
+                    meta=meta)
+
+
+def check_device_code(library: bytes, ptx: bytes, arch: str) -> Dict[str, Any]:
+    """Fails loudly unless the library embeds PTX for `arch` with at least one kernel (no silent host fallback)."""
+    from edgedyn.backends import nvrtc
+
+    facts = nvrtc.ptx_facts(ptx)
+    if not ptx or facts["ptx_target"] != arch or facts["kernels"] == 0:
+        raise BackendError("the CUDA build for {} produced no device code for it (PTX target {}, {} kernels); "
+                           "its kernels would run as host code or not at all".format(
+                               arch, facts["ptx_target"], facts["kernels"]))
+    if ptx[:4000] not in library:
+        raise BackendError("the built library does not embed the PTX compiled for {}".format(arch))
+    return facts
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])

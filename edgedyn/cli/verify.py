@@ -13,16 +13,21 @@ def verify_command(
     bundle: Annotated[Path, typer.Argument(help="The .edgedyn bundle to check.")],
     json_: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     threads: Annotated[Optional[int], typer.Option(help="Threads for the executor.")] = None,
+    device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
+    = "auto",
 ) -> None:
     """Run every specialization on its reference inputs; exit 1 when an output differs beyond tolerance."""
     import edgedyn.runtime as rt
     from edgedyn.runtime.format import host_arch
 
-    program = rt.load(bundle, threads=threads)
+    program = rt.load(bundle, threads=threads, device=device)
+    for spec in program.specializations:
+        err.print("using {}".format(spec.selection()))
     results = program.verify()
     failed = [r for r in results if not r["ok"]]
     if json_:
-        print_json({"bundle": str(bundle), "ok": not failed, "arch": host_arch(), "results": results})
+        print_json({"bundle": str(bundle), "ok": not failed, "arch": host_arch(), "results": results,
+                    "selection": {s.name: {"artifact": s.artifact, "skipped": s.skipped} for s in program.specializations}})
     else:
         table = Table(title="verify {}".format(bundle.name))
         for column in ("specialization", "output", "artifact", "max abs err", "max rel err", "tolerance", "result"):

@@ -1,13 +1,18 @@
 """A loaded bundle as a callable: bind arguments, check guards, dispatch to a specialization, run its executor."""
+import logging
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from edgedyn.runtime import guards as guard_checks
-from edgedyn.runtime.errors import EdgedynError, GuardError, PlatformError
+from edgedyn.runtime.devices import gpu_unusable_reason
+from edgedyn.runtime.errors import EdgedynError, GuardError, MissingDependencyError, PlatformError
 from edgedyn.runtime.executors import executor_class
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
+
+log = logging.getLogger("edgedyn.runtime")
+DEVICES = ("auto", "cpu", "gpu")
 
 
 class Specialization:
@@ -22,28 +27,75 @@ class Specialization:
         self.output_tree = record["output_tree"]  # type: Dict[str, Any]
         self.artifact = None  # type: Optional[Dict[str, Any]]
         self.executor = None  # type: Any
+        self.skipped = []  # type: List[Tuple[str, str]]
 
-    def runnable_artifacts(self, arch: str) -> List[Dict[str, Any]]:
-        return [a for a in self.record["artifacts"] if a.get("arch") in (None, arch)]
+    def selection(self) -> str:
+        """Which artifact runs this specialization here, and why the ones before it do not, in words."""
+        assert self.artifact is not None
+        text = "{}: {} on {}".format(self.name, artifact_label(self.artifact), host_arch())
+        if self.skipped:
+            text += " ({})".format("; ".join("{} not used: {}".format(l, r) for l, r in self.skipped))
+        return text
+
+
+def artifact_label(artifact: Dict[str, Any]) -> str:
+    gpu = artifact.get("gpu", {}).get("arch")
+    return "{}-{}".format(artifact["backend"], artifact["device"]) + (" ({})".format(gpu) if gpu else "")
+
+
+def unusable_reason(artifact: Dict[str, Any], arch: str, device: str) -> Optional[str]:
+    """None when the artifact may run on this machine under the --device choice, else why not."""
+    if artifact.get("arch") not in (None, arch):
+        return "built for {}, this machine is {}".format(artifact["arch"], arch)
+    on_gpu = artifact.get("device", "cpu") != "cpu"
+    if device == "cpu" and on_gpu:
+        return "--device cpu"
+    if device == "gpu" and not on_gpu:
+        return "--device gpu"
+    return gpu_unusable_reason(artifact) if on_gpu else None
 
 
 class Program:
     """The callable a bundle becomes on the board: `program(x, n=4)` returns numpy arrays."""
 
-    def __init__(self, bundle: Bundle, threads: Optional[int] = None) -> None:
+    def __init__(self, bundle: Bundle, threads: Optional[int] = None, device: str = "auto") -> None:
+        if device not in DEVICES:
+            raise EdgedynError("unknown device '{}'; choose from: {}".format(device, ", ".join(DEVICES)))
         started = time.perf_counter()
         self.bundle = bundle
         self.manifest = bundle.manifest
         self.signature = self.manifest["signature"]  # type: List[Dict[str, Any]]
         self.specializations = [Specialization(record) for record in self.manifest["specializations"]]
-        arch = host_arch()
         for spec in self.specializations:
-            candidates = spec.runnable_artifacts(arch)
-            if not candidates:
-                raise _wrong_platform(bundle, spec, arch)
-            spec.artifact = candidates[0]
-            spec.executor = executor_class(spec.artifact["executor"])(bundle, spec.artifact, {"threads": threads})
+            self._choose_artifact(spec, device, threads)
+            level = logging.WARNING if any(a.get("device", "cpu") != "cpu" for a in spec.record["artifacts"]) \
+                and spec.artifact.get("device", "cpu") == "cpu" and device != "cpu" else logging.INFO
+            log.log(level, "edgedyn: %s", spec.selection())
         self.init_ms = (time.perf_counter() - started) * 1000.0
+
+    def _choose_artifact(self, spec: Specialization, device: str, threads: Optional[int]) -> None:
+        """The first artifact (GPU ones come first) that this machine can run; the reasons for the others."""
+        arch = host_arch()
+        artifacts = spec.record["artifacts"]
+        for index, artifact in enumerate(artifacts):
+            reason = unusable_reason(artifact, arch, device)
+            if reason is None:
+                try:
+                    spec.executor = executor_class(artifact["executor"])(self.bundle, artifact, {"threads": threads})
+                    spec.artifact = artifact
+                    return
+                except (MissingDependencyError, RuntimeError) as error:
+                    if index == len(artifacts) - 1:
+                        raise
+                    reason = getattr(error, "message", str(error)).splitlines()[0]
+            spec.skipped.append((artifact_label(artifact), reason))
+        if all(a.get("arch") not in (None, arch) for a in artifacts):
+            raise _wrong_platform(self.bundle, spec, arch)
+        raise PlatformError(
+            "no artifact of specialization {} can run here: {}".format(
+                spec.name, "; ".join("{}: {}".format(label, reason) for label, reason in spec.skipped)),
+            hint="use --device auto, or export again for this machine",
+        )
 
     @property
     def name(self) -> str:
@@ -190,6 +242,11 @@ def _wrong_platform(bundle: Bundle, spec: Specialization, arch: str) -> Platform
     )
 
 
-def load(path: PathLike, threads: Optional[int] = None) -> Program:
-    """Opens a bundle, checks format, checksums and CPU architecture, and returns the callable program."""
-    return Program(Bundle(path), threads=threads)
+def load(path: PathLike, threads: Optional[int] = None, device: str = "auto") -> Program:
+    """Opens a bundle, checks format, checksums and CPU architecture, and returns the callable program.
+
+    `device`: "auto" runs GPU artifacts when this machine can (driver, GPU and executor present) and the CPU
+    artifact otherwise; "cpu" or "gpu" forces the choice. Each specialization's choice is logged and kept in
+    `program.specializations[i].selection()`.
+    """
+    return Program(Bundle(path), threads=threads, device=device)

@@ -35,7 +35,14 @@ class TvmExecutor:
         if threads:
             os.environ["TVM_NUM_THREADS"] = str(int(threads))
         self._tvm = tvm
-        self._device = tvm.cpu(0) if artifact.get("device", "cpu") == "cpu" else tvm.cuda(0)
+        if artifact.get("device", "cpu") == "cpu":
+            self._device = tvm.cpu(0)
+        else:
+            if not tvm.runtime.enabled("cuda"):
+                raise MissingDependencyError(
+                    "the installed TVM runtime has no CUDA support",
+                    hint="install a TVM runtime built with CUDA for this board (see the README's Jetson notes)")
+            self._device = tvm.cuda(0)
         library = tvm.runtime.load_module(str(bundle.extract(files["library"])))
         self._vm = runtime_vm.VirtualMachine(library, self._device)
         weights = bundle.arrays(files["weights"])
