@@ -1,0 +1,127 @@
+"""ONNX Runtime: export the graph to ONNX at its fixed shapes, pre-optimize it portably, and bundle the .onnx file.
+
+The model file is plain ONNX (opset 18, IR 8, weights inside the file: no pickle, no external data), so one
+artifact runs on any CPU architecture and any onnxruntime >= 1.16 with the execution providers the board has.
+"""
+import tempfile
+from pathlib import Path
+from typing import Any, List, Tuple
+
+from edgedyn.backends import Artifact
+from edgedyn.boards import Board, Target
+from edgedyn.errors import BackendError, MissingDependencyError
+
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
+# Opset 18 needs IR version 8; onnxruntime runs it since 1.14 (pyproject asks for >= 1.16, checked with 1.16.3):
+# old enough for the boards' wheels (Python 3.8 on aarch64 stops at onnxruntime 1.19), new enough for
+# LayerNormalization & co.
+OPSET = 18
+IR_VERSION = 8
+MIN_ONNXRUNTIME = "1.16"
+# protobuf cannot serialize a message over 2 GiB; weights that large would need ONNX external data files.
+MAX_MODEL_BYTES = 2 ** 31 - 1
+
+# Note: the offline optimization level is "basic" on purpose. Basic rewrites (constant folding, redundant node
+# removal, Conv+BatchNorm/Add/Mul fusions) keep the graph in standard ONNX ops, so the file stays valid for every
+# onnxruntime version and execution provider (TensorRT and CUDA on a Jetson included). "extended" replaces nodes
+# with com.microsoft contrib ops assigned to the exporting host's execution provider, and "layout"/"all" add
+# NCHWc reorders sized for this host's vector width (AVX2/AVX-512): neither is portable. The runtime applies
+# those levels itself when it opens the session on the board (ORT_ENABLE_ALL there), for the board's own CPU.
+OFFLINE_LEVEL = "basic"
+
+
+def _import_onnx() -> Tuple[Any, Any]:
+    try:
+        import onnx
+        import onnxruntime
+        import onnxscript  # noqa: F401  (torch.onnx.export(dynamo=True) needs it)
+    except ImportError as error:
+        raise MissingDependencyError(
+            "the onnxruntime backend needs onnx, onnxscript and onnxruntime ({})".format(error),
+            hint="pip install 'edgedyn[export,onnxruntime]'")
+    return onnx, onnxruntime
+
+
+def execution_providers(board: Board) -> List[str]:
+    """The onnxruntime execution providers to try on the board, best first (from its board file); CPU is last."""
+    # The executor keeps those its installed onnxruntime offers, so the same file also runs where only the CPU
+    # one exists (a Jetson without onnxruntime-gpu, or the x86 host that verifies it).
+    providers = [p for p in board.onnxruntime_providers if p != "CPUExecutionProvider"]
+    return providers + ["CPUExecutionProvider"]
+
+
+def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) -> Artifact:
+    """Exports the program to ONNX, applies onnxruntime's portable graph optimizations and returns the model file."""
+    onnx, onnxruntime = _import_onnx()
+    output_names = ["output_{}".format(i) for i in range(len(program.graph_signature.user_outputs))]
+    model = _export(onnx, program, tensor_inputs, output_names)
+    model = _optimize_offline(onnx, onnxruntime, model)
+    data = model.SerializeToString()
+    return Artifact(
+        backend="onnxruntime",
+        executor="onnxruntime",
+        device="cpu",
+        arch=None,
+        target="onnx-opset{}".format(OPSET),
+        files={"model": data},
+        file_names={"model": "model.onnx"},
+        meta={"opset": OPSET, "ir_version": model.ir_version, "input_names": list(tensor_inputs),
+              "output_names": output_names, "execution_providers": execution_providers(board),
+              "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": OFFLINE_LEVEL},
+              "tolerance": dict(TOLERANCE), "requires": {"python": ["onnxruntime>={}".format(MIN_ONNXRUNTIME)]}},
+    )
+
+
+def _export(onnx: Any, program: Any, tensor_inputs: List[str], output_names: List[str]) -> Any:
+    """torch's dynamo ONNX exporter over the ExportedProgram, inputs and outputs named as in the manifest."""
+    import torch
+
+    from edgedyn.frontend import quiet_torch
+
+    try:
+        with quiet_torch():
+            exported = torch.onnx.export(program, (), dynamo=True, opset_version=OPSET, optimize=True,
+                                         input_names=list(tensor_inputs), output_names=output_names, verbose=False)
+    except Exception as error:
+        raise BackendError("torch's ONNX exporter cannot convert this graph: {}".format(_first_line(error)),
+                           hint="try another --backend, or report the operator named above")
+    model = exported.model_proto
+    # The exporter stamps the newest IR version its onnx knows (10); nothing in an opset-18 graph needs more than
+    # 8, the lowest that opset allows, and an older runtime is then never asked to trust a newer format.
+    # Checked by hand: these files load and verify on onnxruntime 1.16.3 (docs/backends.md).
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    if model.ByteSize() > MAX_MODEL_BYTES:
+        raise BackendError("the ONNX model is {:.1f} GiB; one ONNX file holds at most 2 GiB".format(
+            model.ByteSize() / 2 ** 30), hint="use --backend tvm for models this large")
+    return model
+
+
+def _optimize_offline(onnx: Any, onnxruntime: Any, model: Any) -> Any:
+    """The model after onnxruntime's basic (hardware-independent) graph optimizations; see OFFLINE_LEVEL."""
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory(prefix="edgedyn-onnx-") as workdir:
+        path = Path(workdir) / "optimized.onnx"
+        options.optimized_model_filepath = str(path)
+        onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(str(path))
+        if any(p != path for p in Path(workdir).iterdir()):
+            raise BackendError("onnxruntime wrote external data next to the optimized model; edgedyn bundles one file")
+    # onnxruntime lists every domain it knows in opset_import; keep those the graph uses, so older runtimes
+    # (which reject domain versions they do not know) still load it.
+    used = {node.domain for node in optimized.graph.node} | {""}
+    kept = [entry for entry in optimized.opset_import if entry.domain in used]
+    del optimized.opset_import[:]
+    optimized.opset_import.extend(kept)
+    optimized.ir_version = IR_VERSION
+    optimized.producer_name, optimized.producer_version = model.producer_name, model.producer_version
+    onnx.checker.check_model(optimized)
+    return optimized
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "{}: {}".format(type(error).__name__, lines[-1] if lines else "")

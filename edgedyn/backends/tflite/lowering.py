@@ -1,0 +1,229 @@
+"""Walks a core-ATen ExportedProgram once, in order, and builds the TFLite subgraph through the op converters."""
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import fx
+
+from edgedyn.backends.tflite import layout
+from edgedyn.backends.tflite.diagnostics import Unsupported, op_name, unsupported_error
+from edgedyn.backends.tflite.layout import Perm
+from edgedyn.backends.tflite.writer import ModelWriter
+
+# Ops with several outputs return tuples; fx reads them with operator.getitem.
+_GETITEM = "getitem"
+
+
+class Value:
+    """One tensor of the graph: torch shape, stored layout, and its TFLite tensor or constant data."""
+
+    def __init__(self, shape: Sequence[int], dtype: Any, perm: Perm, tensor: Optional[int] = None,
+                 data: Optional[np.ndarray] = None) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.perm = tuple(perm)
+        self.tensor = tensor
+        self.data = data  # in torch layout; set for parameters and folded constants
+        self.relayouts = {}  # type: Dict[Perm, int]
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_constant(self) -> bool:
+        return self.data is not None
+
+
+def constant(array: Any) -> Value:
+    array = np.asarray(array)
+    return Value(array.shape, array.dtype, layout.identity(array.ndim), data=array)
+
+
+class Lowering:
+    """What converters build with: tensors in the layout they need, and operators producing new Values."""
+
+    def __init__(self) -> None:
+        self.writer = ModelWriter()
+
+    def tensor(self, value: Value, perm: Optional[Perm] = None) -> int:
+        """`value`'s TFLite tensor stored in layout `perm` (its own layout when None), relayouting once."""
+        perm = value.perm if perm is None else tuple(perm)
+        if value.is_constant:
+            return self.writer.constant(np.transpose(value.data, perm) if value.rank else value.data)
+        if perm == value.perm:
+            return value.tensor
+        if perm not in value.relayouts:
+            out = self.writer.tensor("relayout", layout.stored_shape(value.shape, perm), value.dtype)
+            if layout.same_memory_order(value.shape, value.perm, perm):
+                self.reshape_into(value.tensor, out)
+            else:
+                self.writer.operator("TRANSPOSE", [value.tensor, self.ints(layout.transpose_perm(value.perm, perm))],
+                                     [out], "TransposeOptions")
+            value.relayouts[perm] = out
+        return value.relayouts[perm]
+
+    def torch_order(self, value: Value) -> int:
+        """A tensor with `value`'s elements in torch's memory order, for ops that reinterpret the shape."""
+        torch_layout = layout.identity(value.rank)
+        if not value.is_constant and layout.same_memory_order(value.shape, value.perm, torch_layout):
+            return value.tensor
+        return self.tensor(value, torch_layout)
+
+    def lift(self, value: Value, rank: int) -> Value:
+        """`value` with leading size-1 dims up to `rank`, as numpy broadcasting would align it."""
+        if value.rank >= rank:
+            return value
+        shape = (1,) * (rank - value.rank) + value.shape
+        if value.is_constant:
+            return constant(value.data.reshape(shape))
+        return self.reshape(value, shape)
+
+    def reshape(self, value: Value, shape: Sequence[int]) -> Value:
+        out = self.new(shape, value.dtype)
+        self.reshape_into(self.torch_order(value), out.tensor)
+        return out
+
+    def reshape_into(self, source: int, out: int) -> None:
+        self.writer.operator("RESHAPE", [source, self.ints(self.writer.shape(out))], [out])
+
+    def ints(self, values: Sequence[int]) -> int:
+        return self.writer.constant(np.asarray(values, dtype=np.int32).reshape(-1))
+
+    def scalar(self, number: float, dtype: Any = np.float32) -> int:
+        return self.writer.constant(np.asarray(number, dtype=dtype))
+
+    def new(self, shape: Sequence[int], dtype: Any = np.float32, perm: Optional[Perm] = None,
+            name: str = "t") -> Value:
+        """A fresh non-constant Value stored in `perm` (torch layout when None)."""
+        perm = layout.identity(len(shape)) if perm is None else tuple(perm)
+        tensor = self.writer.tensor(name, layout.stored_shape(shape, perm), dtype)
+        return Value(shape, dtype, perm, tensor=tensor)
+
+    def emit(self, op: str, inputs: Sequence[int], shape: Sequence[int], perm: Optional[Perm] = None,
+             options: Optional[str] = None, dtype: Any = np.float32, **fields: Any) -> Value:
+        """Appends one operator with one output of torch shape `shape` stored in `perm`; returns that output."""
+        out = self.new(shape, dtype, perm, name=op.lower())
+        self.writer.operator(op, inputs, [out.tensor], options, **fields)
+        return out
+
+    def unary(self, op: str, value: Value, options: Optional[str] = None, **fields: Any) -> Value:
+        """A layout-agnostic one-input op: the output keeps the input's layout."""
+        return self.emit(op, [self.tensor(value)], value.shape, value.perm, options, value.dtype, **fields)
+
+
+Converter = Callable[..., Any]
+
+
+def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any, Converter],
+                  alternatives: List[str]) -> Tuple[bytes, Dict[str, Any]]:
+    """The .tflite bytes for `program`, with its inputs and outputs in torch layout, and facts for the manifest."""
+    graph = program.graph_module.graph
+    parameters = _parameters(program)
+    _check_supported(graph, parameters, converters, alternatives)
+    ctx = Lowering()
+    values = {}  # type: Dict[fx.Node, Any]
+    inputs = []  # type: List[int]
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            if node.name in parameters:
+                values[node] = constant(parameters[node.name])
+            else:
+                val = node.meta["val"]
+                values[node] = ctx.new(val.shape, _dtype(val.dtype), name=node.name)
+                inputs.append(values[node].tensor)
+        elif node.op == "call_function":
+            try:
+                values[node] = _convert(ctx, node, values, converters)
+            except Unsupported as error:
+                raise unsupported_error(node, str(error), [], alternatives)
+        elif node.op == "output":
+            outputs = [_output(ctx, values[item], inputs) for item in node.args[0]]
+    model = ctx.writer.finish(inputs, outputs, "edgedyn {}".format(program.graph_module.__class__.__name__))
+    ops = sorted({op.op for op in ctx.writer.operators})
+    return model, {"tflite_ops": ops, "tflite_operators": len(ctx.writer.operators)}
+
+
+def _parameters(program: Any) -> Dict[str, np.ndarray]:
+    """Placeholder name -> numpy data, for parameters, buffers and lifted constants."""
+    signature = program.graph_signature
+    sources = dict(signature.inputs_to_parameters)
+    sources.update(signature.inputs_to_buffers)
+    sources.update(signature.inputs_to_lifted_tensor_constants)
+    tensors = dict(program.state_dict)
+    tensors.update(program.constants)
+    return {name: tensors[key].detach().cpu().numpy() for name, key in sources.items()}
+
+
+def _check_supported(graph: fx.Graph, parameters: Dict[str, Any], converters: Dict[Any, Converter],
+                     alternatives: List[str]) -> None:
+    """Fails before building anything when an op has no converter, naming every such op of the graph."""
+    constant_nodes = set()
+    missing = []  # type: List[fx.Node]
+    for node in graph.nodes:
+        if node.op == "placeholder" and node.name in parameters:
+            constant_nodes.add(node)
+        elif node.op == "placeholder":
+            _check_dtype(node, alternatives)
+        if node.op != "call_function":
+            continue
+        if all(arg in constant_nodes for arg in node.all_input_nodes) and _foldable(node):
+            constant_nodes.add(node)  # computed here, at export time
+        elif node.target.__name__ == _GETITEM:
+            continue  # the converter of its source says which outputs it has
+        elif node.target not in converters:
+            missing.append(node)
+        else:
+            _check_dtype(node, alternatives)
+    if missing:
+        others = sorted({op_name(n) for n in missing[1:]} - {op_name(missing[0])})
+        raise unsupported_error(missing[0], "no TFLite converter for this op", others, alternatives)
+
+
+def _check_dtype(node: fx.Node, alternatives: List[str]) -> None:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dtype != torch.float32:
+        raise unsupported_error(node, "it has {} tensors at run time; the TFLite writer handles float32 "
+                                      "graphs".format(str(val.dtype).replace("torch.", "")), [], alternatives)
+
+
+def _foldable(node: fx.Node) -> bool:
+    return not getattr(node.target, "_nondeterministic_seeded", False) and "rand" not in op_name(node)
+
+
+def _convert(ctx: Lowering, node: fx.Node, values: Dict[fx.Node, Any], converters: Dict[Any, Converter]) -> Any:
+    args = fx.node.map_arg(node.args, lambda n: values[n])
+    kwargs = fx.node.map_arg(node.kwargs, lambda n: values[n])
+    if node.target.__name__ == _GETITEM:
+        source, index = args
+        if source[index] is None:
+            raise Unsupported("output {} of {} is not supported, only output 0".format(
+                index, op_name(node.args[0])))
+        return source[index]
+    inputs = [values[n] for n in node.all_input_nodes]
+    if all(isinstance(v, Value) and v.is_constant for v in inputs) and _foldable(node):
+        return _fold(node, args, kwargs)
+    return converters[node.target](ctx, node, *args, **kwargs)
+
+
+def _fold(node: fx.Node, args: Any, kwargs: Any) -> Any:
+    """Runs an op whose inputs are all constants with torch, once, at export time."""
+    to_torch = lambda v: torch.from_numpy(np.array(v.data)) if isinstance(v, Value) else v  # noqa: E731
+    result = node.target(*fx.node.map_aggregate(args, to_torch), **fx.node.map_aggregate(kwargs, to_torch))
+    if isinstance(result, (tuple, list)):
+        return tuple(constant(r.numpy()) if isinstance(r, torch.Tensor) else r for r in result)
+    return constant(result.numpy())
+
+
+def _output(ctx: Lowering, value: Value, inputs: List[int]) -> int:
+    """The tensor a graph output is read from, always in torch layout (the bundle's interface is torch's)."""
+    tensor = ctx.tensor(value, layout.identity(value.rank))
+    if value.is_constant or tensor in inputs:
+        # TFLite outputs must be computed tensors: copy inputs and constants through a RESHAPE.
+        return ctx.reshape(Value(value.shape, value.dtype, layout.identity(value.rank), tensor=tensor),
+                           value.shape).tensor
+    return tensor
+
+
+def _dtype(dtype: torch.dtype) -> np.dtype:
+    return np.dtype(str(dtype).replace("torch.", ""))

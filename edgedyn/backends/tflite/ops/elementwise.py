@@ -1,0 +1,104 @@
+"""Arithmetic with numpy broadcasting (add, sub, mul, div, maximum, minimum, pow) in whatever layout the operands have."""
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from edgedyn.backends.tflite import layout
+from edgedyn.backends.tflite.diagnostics import Unsupported
+from edgedyn.backends.tflite.lowering import Lowering, Value, constant
+
+aten = torch.ops.aten
+
+
+def operand_layout(operands: Sequence[Any], rank: int) -> layout.Perm:
+    """The layout to compute in: that of a computed full-rank operand stored other than torch's (say NHWC),
+    so chains of convolutions and elementwise ops never leave NHWC; the torch layout otherwise."""
+    for value in operands:
+        if isinstance(value, Value) and not value.is_constant and value.rank == rank:
+            if value.perm != layout.identity(rank):
+                return value.perm
+    return layout.identity(rank)
+
+
+def binary(ctx: Lowering, op: str, a: Any, b: Any, shape: Sequence[int], options: Optional[str] = None) -> Value:
+    """`a op b` broadcast to torch shape `shape`; python numbers become scalar constants."""
+    rank = len(shape)
+    perm = operand_layout((a, b), rank)
+    tensors = [_operand(ctx, v, rank, perm) for v in (a, b)]
+    return ctx.emit(op, tensors, shape, perm, options)
+
+
+def _operand(ctx: Lowering, value: Any, rank: int, perm: layout.Perm) -> int:
+    if not isinstance(value, Value):
+        return ctx.scalar(value)
+    if value.rank == 0:
+        return ctx.tensor(value)
+    if perm == layout.identity(rank):
+        # numpy and TFLite broadcast alike when both are in torch layout: no lifting needed
+        return ctx.tensor(value, layout.identity(value.rank))
+    return ctx.tensor(ctx.lift(value, rank), perm)
+
+
+def _shape(node: Any) -> List[int]:
+    return list(node.meta["val"].shape)
+
+
+def _scaled(ctx: Lowering, node: Any, value: Any, alpha: float) -> Any:
+    if alpha == 1:
+        return value
+    if not isinstance(value, Value):
+        return value * alpha
+    if value.is_constant:
+        return constant(value.data * np.asarray(alpha, value.data.dtype))
+    return binary(ctx, "MUL", value, float(alpha), value.shape, "MulOptions")
+
+
+def add(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
+    return binary(ctx, "ADD", a, _scaled(ctx, node, b, alpha), _shape(node), "AddOptions")
+
+
+def sub(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
+    return binary(ctx, "SUB", a, _scaled(ctx, node, b, alpha), _shape(node), "SubOptions")
+
+
+def rsub(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
+    return binary(ctx, "SUB", b, _scaled(ctx, node, a, alpha), _shape(node), "SubOptions")
+
+
+def mul(ctx: Lowering, node: Any, a: Any, b: Any) -> Value:
+    return binary(ctx, "MUL", a, b, _shape(node), "MulOptions")
+
+
+def div(ctx: Lowering, node: Any, a: Any, b: Any, rounding_mode: Optional[str] = None) -> Value:
+    if rounding_mode is not None:
+        raise Unsupported("division with rounding_mode={!r}".format(rounding_mode))
+    if not isinstance(b, Value):
+        return binary(ctx, "MUL", a, 1.0 / b, _shape(node), "MulOptions")  # XNNPACK multiplies faster
+    return binary(ctx, "DIV", a, b, _shape(node), "DivOptions")
+
+
+def maximum(ctx: Lowering, node: Any, a: Any, b: Any) -> Value:
+    return binary(ctx, "MAXIMUM", a, b, _shape(node))
+
+
+def minimum(ctx: Lowering, node: Any, a: Any, b: Any) -> Value:
+    return binary(ctx, "MINIMUM", a, b, _shape(node))
+
+
+def pow_scalar(ctx: Lowering, node: Any, x: Value, exponent: float) -> Value:
+    if exponent == 2:
+        return binary(ctx, "MUL", x, x, _shape(node), "MulOptions")
+    if exponent == 0.5:
+        return ctx.unary("SQRT", x)
+    return binary(ctx, "POW", x, float(exponent), _shape(node))
+
+
+CONVERTERS = {
+    aten.add.Tensor: add, aten.add.Scalar: add,
+    aten.sub.Tensor: sub, aten.sub.Scalar: sub, aten.rsub.Scalar: rsub,
+    aten.mul.Tensor: mul, aten.mul.Scalar: mul,
+    aten.div.Tensor: div, aten.div.Scalar: div, aten.div.Tensor_mode: div,
+    aten.maximum.default: maximum, aten.minimum.default: minimum,
+    aten.pow.Tensor_Scalar: pow_scalar,
+}

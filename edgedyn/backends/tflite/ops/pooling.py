@@ -1,0 +1,107 @@
+"""Pooling and reductions: MAX_POOL_2D/AVERAGE_POOL_2D in NHWC, MEAN/SUM/REDUCE_MAX over any layout."""
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from edgedyn.backends.tflite import layout
+from edgedyn.backends.tflite.diagnostics import Unsupported
+from edgedyn.backends.tflite.lowering import Lowering, Value
+from edgedyn.backends.tflite.ops.conv import _pair, spatial_padding
+
+aten = torch.ops.aten
+
+
+def output_shape(node: Any) -> List[int]:
+    """The torch shape of the node's (first) output."""
+    val = node.meta["val"]
+    return list((val[0] if isinstance(val, (tuple, list)) else val).shape)
+
+
+def _window(node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+            ceil_mode: bool) -> Any:
+    kernel = _pair(kernel)
+    stride = _pair(stride) if stride else kernel
+    padding = _pair(padding)
+    if x.rank != 4:
+        raise Unsupported("{}-d pooling; the TFLite writer handles 2-d".format(x.rank - 2))
+    floor_shape = [(x.shape[2 + i] + 2 * padding[i] - kernel[i]) // stride[i] + 1 for i in range(2)]
+    if ceil_mode and floor_shape != output_shape(node)[2:]:
+        raise Unsupported("ceil_mode=True where it changes the output size")
+    return kernel, stride, padding
+
+
+def max_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int] = (),
+               padding: Sequence[int] = (0,), dilation: Sequence[int] = (1,), ceil_mode: bool = False) -> Any:
+    if any(d != 1 for d in _pair(dilation)):
+        raise Unsupported("dilated max pooling")
+    kernel, stride, padding = _window(node, x, kernel, stride, padding, ceil_mode)
+    source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
+                                   pad_value=float(np.finfo(np.float32).min))
+    out = ctx.emit("MAX_POOL_2D", [source], output_shape(node), layout.NHWC, "Pool2DOptions", padding=mode,
+                   stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1])
+    return out, None  # no indices: getitem(…, 1) reports that
+
+
+def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int] = (),
+               padding: Sequence[int] = (0,), ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: Optional[int] = None) -> Value:
+    if divisor_override is not None:
+        raise Unsupported("divisor_override")
+    kernel, stride, padding = _window(node, x, kernel, stride, padding, ceil_mode)
+    source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
+                                   same_ok=not count_include_pad)
+    return _average(ctx, source, output_shape(node), kernel, stride, mode)
+
+
+def _average(ctx: Lowering, source: int, shape: List[int], kernel: Sequence[int], stride: Sequence[int],
+             mode: int) -> Value:
+    return ctx.emit("AVERAGE_POOL_2D", [source], shape, layout.NHWC, "Pool2DOptions", padding=mode,
+                    stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1])
+
+
+def adaptive_avg_pool2d(ctx: Lowering, node: Any, x: Value, output_size: Sequence[int]) -> Value:
+    """A mean for output 1x1, an average pool when the output size divides the input; nothing else."""
+    size = _pair(output_size)
+    if size == [1, 1]:
+        return reduce(ctx, "MEAN", x, [2, 3], True)
+    if any(x.shape[2 + i] % size[i] for i in range(2)):
+        raise Unsupported("adaptive pooling from {} to {}, which is not a fixed window".format(
+            list(x.shape[2:]), size))
+    kernel = [x.shape[2 + i] // size[i] for i in range(2)]
+    return _average(ctx, ctx.tensor(x, layout.NHWC), output_shape(node), kernel, kernel, 1)
+
+
+def reduce(ctx: Lowering, op: str, x: Value, dims: Optional[Sequence[int]], keepdim: bool) -> Value:
+    """Reduces torch dims `dims` in the layout x is stored in; without keepdim the rest keep their order."""
+    dims = sorted({d % x.rank for d in dims}) if dims else list(range(x.rank))
+    axes = [x.perm.index(d) for d in dims]
+    if keepdim:
+        shape = [1 if i in dims else n for i, n in enumerate(x.shape)]
+        perm = x.perm
+    else:
+        shape = [n for i, n in enumerate(x.shape) if i not in dims]
+        perm = layout.drop_dims(x.perm, dims)
+    return ctx.emit(op, [ctx.tensor(x), ctx.ints(axes)], shape, perm, "ReducerOptions", keep_dims=keepdim)
+
+
+def _reducer(op: str) -> Any:
+    def convert(ctx: Lowering, node: Any, x: Value, dims: Optional[Sequence[int]] = None, keepdim: bool = False,
+                dtype: Any = None) -> Value:
+        if dtype is not None and dtype != torch.float32:
+            raise Unsupported("reduction to {}".format(dtype))
+        return reduce(ctx, op, x, dims, keepdim)
+
+    return convert
+
+
+CONVERTERS = {
+    aten.max_pool2d_with_indices.default: max_pool2d,
+    aten.max_pool2d.default: lambda ctx, node, *a, **k: max_pool2d(ctx, node, *a, **k)[0],
+    aten.avg_pool2d.default: avg_pool2d,
+    aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    aten.mean.dim: _reducer("MEAN"),
+    aten.sum.dim_IntList: _reducer("SUM"),
+    aten.amax.default: _reducer("REDUCE_MAX"),
+}

@@ -1,0 +1,190 @@
+"""Serializes a TFLite model (schema v3) with the `tflite` package's flatbuffer builders: no TensorFlow needed."""
+import importlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edgedyn.errors import MissingDependencyError
+
+# numpy dtype -> TFLite TensorType value (tflite/TensorType.py)
+TENSOR_TYPES = {np.dtype("float32"): 0, np.dtype("int32"): 2, np.dtype("uint8"): 3, np.dtype("int64"): 4,
+                np.dtype("bool"): 6, np.dtype("int8"): 9}
+SCHEMA_VERSION = 3
+# Builtin codes above 127 live in OperatorCode.builtin_code; the old int8 field then holds this placeholder.
+_PLACEHOLDER_FOR_GREATER_OP_CODES = 127
+# Operator versions LiteRT registers from 1, except these (the kernel registry starts them higher).
+_MIN_VERSIONS = {"BROADCAST_TO": 2}
+# XNNPACK reads weights in place when buffers are aligned; 16 bytes covers every SIMD load it does.
+_BUFFER_ALIGNMENT = 16
+
+
+def schema(name: str) -> Any:
+    """A module of the generated schema, e.g. schema("Conv2DOptions").
+
+    `tflite/__init__.py` star-imports every module, so `import tflite.Model` gives the class, not the module.
+    """
+    try:
+        return importlib.import_module("tflite." + name)
+    except ImportError as error:
+        raise MissingDependencyError("the TFLite backend writes models with the `tflite` and `flatbuffers` "
+                                     "packages ({})".format(error), hint="pip install 'edgedyn[export]'")
+
+
+def builtin_code(op: str) -> int:
+    return getattr(schema("BuiltinOperator").BuiltinOperator, op)
+
+
+class Operator:
+    def __init__(self, op: str, inputs: Sequence[int], outputs: Sequence[int],
+                 options: Optional[Tuple[str, Dict[str, Any]]]) -> None:
+        self.op, self.inputs, self.outputs, self.options = op, list(inputs), list(outputs), options
+
+
+class ModelWriter:
+    """Collects tensors, constant buffers and operators of one subgraph, then writes the flatbuffer."""
+
+    def __init__(self) -> None:
+        self.tensors = []  # type: List[Tuple[str, List[int], np.dtype, int]]
+        self.buffers = [b""]  # buffer 0 is the empty buffer every non-constant tensor points to
+        self.operators = []  # type: List[Operator]
+        self._constants = {}  # type: Dict[Tuple[str, Tuple[int, ...], bytes], int]
+
+    def tensor(self, name: str, shape: Sequence[int], dtype: Any = np.float32) -> int:
+        """A new non-constant tensor; returns its index."""
+        return self._add(name, shape, np.dtype(dtype), 0)
+
+    def constant(self, array: np.ndarray, name: str = "const") -> int:
+        """A constant tensor holding `array`; identical constants share one tensor."""
+        array = np.ascontiguousarray(array)
+        key = (str(array.dtype), tuple(array.shape), array.tobytes())
+        if key not in self._constants:
+            self.buffers.append(key[2])
+            self._constants[key] = self._add(name, array.shape, array.dtype, len(self.buffers) - 1)
+        return self._constants[key]
+
+    def operator(self, op: str, inputs: Sequence[int], outputs: Sequence[int], options: Optional[str] = None,
+                 **fields: Any) -> None:
+        """Appends an operator; `options` names its option table (e.g. "Conv2DOptions") filled from `fields`."""
+        self.operators.append(Operator(op, inputs, outputs, (options, fields) if options else None))
+
+    def shape(self, index: int) -> List[int]:
+        return list(self.tensors[index][1])
+
+    def _add(self, name: str, shape: Sequence[int], dtype: np.dtype, buffer: int) -> int:
+        if dtype not in TENSOR_TYPES:
+            raise ValueError("no TFLite tensor type for {}".format(dtype))
+        self.tensors.append(("{}_{}".format(name, len(self.tensors)), [int(d) for d in shape], dtype, buffer))
+        return len(self.tensors) - 1
+
+    def finish(self, inputs: Sequence[int], outputs: Sequence[int], description: str) -> bytes:
+        """The complete .tflite file."""
+        import flatbuffers
+
+        builder = flatbuffers.Builder(1024 + sum(len(b) for b in self.buffers))
+        codes = sorted({op.op for op in self.operators}, key=lambda op: builtin_code(op))
+        code_index = {op: i for i, op in enumerate(codes)}
+        buffers = [_buffer(builder, data) for data in self.buffers]
+        tensors = [_tensor(builder, *tensor) for tensor in self.tensors]
+        operators = [_operator(builder, op, code_index[op.op]) for op in self.operators]
+        subgraph = _subgraph(builder, tensors, operators, inputs, outputs)
+        opcodes = [_opcode(builder, op) for op in codes]
+        description_offset = builder.CreateString(description)
+        Model = schema("Model")
+        vectors = [(Model.ModelStartOperatorCodesVector, opcodes), (Model.ModelStartSubgraphsVector, [subgraph]),
+                   (Model.ModelStartBuffersVector, buffers)]
+        opcodes_vec, subgraphs_vec, buffers_vec = [_offsets(builder, start, items) for start, items in vectors]
+        Model.ModelStart(builder)
+        Model.ModelAddVersion(builder, SCHEMA_VERSION)
+        Model.ModelAddOperatorCodes(builder, opcodes_vec)
+        Model.ModelAddSubgraphs(builder, subgraphs_vec)
+        Model.ModelAddDescription(builder, description_offset)
+        Model.ModelAddBuffers(builder, buffers_vec)
+        builder.Finish(Model.ModelEnd(builder), file_identifier=b"TFL3")
+        return bytes(builder.Output())
+
+
+def _offsets(builder: Any, start: Any, items: Sequence[int]) -> int:
+    start(builder, len(items))
+    for item in reversed(items):
+        builder.PrependUOffsetTRelative(item)
+    return builder.EndVector()
+
+
+def _ints(builder: Any, values: Sequence[int]) -> int:
+    return builder.CreateNumpyVector(np.asarray(values, dtype=np.int32))
+
+
+def _buffer(builder: Any, data: bytes) -> int:
+    Buffer = schema("Buffer")
+    vector = None
+    if data:
+        builder.StartVector(1, len(data), _BUFFER_ALIGNMENT)
+        builder.head = builder.head - len(data)
+        builder.Bytes[builder.head:builder.head + len(data)] = data
+        vector = builder.EndVector()
+    Buffer.BufferStart(builder)
+    if vector is not None:
+        Buffer.BufferAddData(builder, vector)
+    return Buffer.BufferEnd(builder)
+
+
+def _tensor(builder: Any, name: str, shape: List[int], dtype: np.dtype, buffer: int) -> int:
+    Tensor = schema("Tensor")
+    name_offset = builder.CreateString(name)
+    shape_offset = _ints(builder, shape)
+    Tensor.TensorStart(builder)
+    Tensor.TensorAddShape(builder, shape_offset)
+    Tensor.TensorAddType(builder, TENSOR_TYPES[dtype])
+    Tensor.TensorAddBuffer(builder, buffer)
+    Tensor.TensorAddName(builder, name_offset)
+    return Tensor.TensorEnd(builder)
+
+
+def _options(builder: Any, table: str, fields: Dict[str, Any]) -> int:
+    module = schema(table)
+    getattr(module, table + "Start")(builder)
+    for field, value in fields.items():
+        adder = getattr(module, "{}Add{}".format(table, "".join(part.title() for part in field.split("_"))))
+        adder(builder, value)
+    return getattr(module, table + "End")(builder)
+
+
+def _operator(builder: Any, op: Operator, opcode_index: int) -> int:
+    Operator_ = schema("Operator")
+    inputs, outputs = _ints(builder, op.inputs), _ints(builder, op.outputs)
+    options = _options(builder, op.options[0], op.options[1]) if op.options else None
+    Operator_.OperatorStart(builder)
+    Operator_.OperatorAddOpcodeIndex(builder, opcode_index)
+    Operator_.OperatorAddInputs(builder, inputs)
+    Operator_.OperatorAddOutputs(builder, outputs)
+    if op.options:
+        kind = getattr(schema("BuiltinOptions").BuiltinOptions, op.options[0])
+        Operator_.OperatorAddBuiltinOptionsType(builder, kind)
+        Operator_.OperatorAddBuiltinOptions(builder, options)
+    return Operator_.OperatorEnd(builder)
+
+
+def _subgraph(builder: Any, tensors: List[int], operators: List[int], inputs: Sequence[int],
+              outputs: Sequence[int]) -> int:
+    SubGraph = schema("SubGraph")
+    tensors_vec = _offsets(builder, SubGraph.SubGraphStartTensorsVector, tensors)
+    operators_vec = _offsets(builder, SubGraph.SubGraphStartOperatorsVector, operators)
+    inputs_vec, outputs_vec = _ints(builder, inputs), _ints(builder, outputs)
+    name = builder.CreateString("main")
+    SubGraph.SubGraphStart(builder)
+    SubGraph.SubGraphAddTensors(builder, tensors_vec)
+    SubGraph.SubGraphAddInputs(builder, inputs_vec)
+    SubGraph.SubGraphAddOutputs(builder, outputs_vec)
+    SubGraph.SubGraphAddOperators(builder, operators_vec)
+    SubGraph.SubGraphAddName(builder, name)
+    return SubGraph.SubGraphEnd(builder)
+
+
+def _opcode(builder: Any, op: str) -> int:
+    OperatorCode = schema("OperatorCode")
+    code = builtin_code(op)
+    OperatorCode.OperatorCodeStart(builder)
+    OperatorCode.OperatorCodeAddDeprecatedBuiltinCode(builder, min(code, _PLACEHOLDER_FOR_GREATER_OP_CODES))
+    OperatorCode.OperatorCodeAddBuiltinCode(builder, code)
+    OperatorCode.OperatorCodeAddVersion(builder, _MIN_VERSIONS.get(op, 1))
+    return OperatorCode.OperatorCodeEnd(builder)

@@ -1,0 +1,231 @@
+"""Backend choice: which backend builds each specialization, and the record of why.
+
+`--backend NAME` builds with that backend. `--backend auto` (the default):
+- on the host's own board (same CPU architecture), builds every registered backend whose packages are installed,
+  checks each against torch eager's outputs, times each on the specialization's example inputs and keeps the
+  fastest that verified ("measured");
+- for another board, takes the first backend of the board file's `backends.preference` that builds (and, when
+  its artifact runs here too, verifies) ("board preference").
+The choice and its reasons go into the artifact's manifest entry as `selection`.
+"""
+import difflib
+import io
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from edgedyn.backends import BACKENDS, Artifact, get_backend
+from edgedyn.boards import Board, Target
+from edgedyn.errors import BackendError, EdgedynError
+from edgedyn.frontend import Specialization
+from edgedyn.runtime.executors import executor_class
+from edgedyn.runtime.format import host_arch
+from edgedyn.runtime.program import compare
+
+AUTO = "auto"
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long `auto` measures each candidate: warm-up runs, then timed runs until `seconds` have passed (at
+    least `min_runs`, at most `max_runs`). A candidate slower than `seconds` per call gets one warm-up and one
+    timed run: it will not win, and untuned code must not make an export take minutes."""
+
+    warmup: int = 3  # including the first call
+    min_runs: int = 5
+    max_runs: int = 200
+    seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.warmup >= 1 and 1 <= self.min_runs <= self.max_runs and self.seconds > 0):
+            raise ValueError("Timing needs warmup >= 1, 1 <= min_runs <= max_runs and seconds > 0; got {}".format(self))
+
+
+DEFAULT_TIMING = Timing()
+
+
+def backend_choices() -> List[str]:
+    """What `--backend` accepts: the registered backends and `auto`."""
+    return sorted(list(BACKENDS) + [AUTO])
+
+
+def check_backend_name(name: str) -> None:
+    """Fails before any work when `name` is neither a registered backend nor `auto`."""
+    if name == AUTO or name in BACKENDS:
+        return
+    close = difflib.get_close_matches(name, backend_choices(), n=1)
+    raise EdgedynError("unknown backend '{}'; choose from: {}".format(name, ", ".join(backend_choices())),
+                       hint="did you mean '{}'?".format(close[0]) if close else
+                       "auto measures the installed backends on this machine, or follows the board's preference")
+
+
+def choose(backend: str, program: Any, board: Board, target: Target, spec: Specialization,
+           progress: Optional[Progress] = None, timing: Timing = DEFAULT_TIMING) -> Artifact:
+    """The artifact for one specialization, with `meta["selection"]` saying how it was chosen."""
+    step = progress or (lambda message: None)
+    check_backend_name(backend)
+    if backend != AUTO:
+        step("building {} with {} for {}".format(spec.name, backend, target.name))
+        artifact = get_backend(backend)(program, board, target, spec.tensor_inputs)
+        return _with_selection(artifact, {"mode": "user", "requested": backend})
+    if board.arch == host_arch():
+        return _measured(program, board, target, spec, step, timing)
+    return _by_preference(program, board, target, spec, step)
+
+
+def candidates(board: Board) -> List[str]:
+    """Registered backends, the board's preference first (it breaks ties), then the rest by name."""
+    preferred = [name for name in board.backends if name in BACKENDS]
+    return preferred + sorted(name for name in BACKENDS if name not in preferred)
+
+
+def _measured(program: Any, board: Board, target: Target, spec: Specialization, step: Progress,
+              timing: Timing) -> Artifact:
+    best = None  # type: Optional[Artifact]
+    medians = {}  # type: Dict[str, float]
+    rejected = {}  # type: Dict[str, str]
+    for name in candidates(board):
+        step("building {} with {} for {}".format(spec.name, name, target.name))
+        artifact = _attempt(name, lambda: get_backend(name)(program, board, target, spec.tensor_inputs), rejected)
+        if artifact is None:
+            step("{}: skipped ({})".format(name, rejected[name]))
+            continue
+        median = _attempt(name, lambda: _verify(artifact, spec, timing), rejected)
+        if median is None:
+            step("{}: rejected ({})".format(name, rejected[name]))
+            continue
+        medians[name] = median
+        step("{}: verified, median {:.3g} ms".format(name, median))
+        # Candidates come in preference order, so a tie keeps the preferred one. Only the best is kept in memory.
+        if best is None or median < medians[best.backend]:
+            best = artifact
+    if best is None:
+        raise _nothing_built(spec, board, rejected)
+    chosen = best.backend
+    step("chose {} for {} ({:.3g} ms)".format(chosen, spec.name, medians[chosen]))
+    return _with_selection(best, {
+        "mode": "measured", "chosen": chosen, "medians_ms": {k: round(v, 4) for k, v in sorted(medians.items())},
+        "rejected": rejected, "timing": {"warmup": timing.warmup, "min_runs": timing.min_runs,
+                                         "max_runs": timing.max_runs, "seconds": timing.seconds},
+        "host": host_arch()})
+
+
+def _by_preference(program: Any, board: Board, target: Target, spec: Specialization, step: Progress) -> Artifact:
+    order = [name for name in board.backends if name in BACKENDS]
+    rejected = {}  # type: Dict[str, str]
+    for name in order:
+        step("building {} with {} for {} ({})".format(spec.name, name, target.name, board.name))
+        artifact = _attempt(name, lambda: get_backend(name)(program, board, target, spec.tensor_inputs), rejected)
+        if artifact is None:
+            step("{}: skipped ({})".format(name, rejected[name]))
+            continue
+        verified = artifact.arch in (None, host_arch())
+        # An artifact this machine can run is checked here; one that fails is never chosen.
+        if verified and _attempt(name, lambda: _verify(artifact, spec), rejected) is None:
+            step("{}: rejected ({})".format(name, rejected[name]))
+            continue
+        return _with_selection(artifact, {"mode": "board preference", "order": list(board.backends),
+                                          "chosen": name, "rejected": rejected, "verified_on_host": verified})
+    raise _nothing_built(spec, board, rejected)
+
+
+def _attempt(name: str, work: Callable[[], Any], rejected: Dict[str, str]) -> Any:
+    """`work()`, or None with the reason in `rejected` (not installed, cannot express the graph, disagrees)."""
+    try:
+        return work()
+    except EdgedynError as error:
+        rejected[name] = error.message
+    except Exception as error:  # a bug in one backend must not cost the user the others; say so
+        if os.environ.get("EDGEDYN_DEBUG"):
+            raise
+        rejected[name] = "internal error: {}: {} (EDGEDYN_DEBUG=1 shows the traceback)".format(
+            type(error).__name__, error)
+    return None
+
+
+def _verify(artifact: Artifact, spec: Specialization, timing: Optional[Timing] = None) -> float:
+    """Runs the artifact on the example inputs (EdgedynError if it disagrees with torch eager); with `timing`,
+    returns the median milliseconds per call."""
+    with tempfile.TemporaryDirectory(prefix="edgedyn-select-") as workdir:
+        files = _LooseFiles(artifact, Path(workdir))
+        record = dict(artifact.meta, backend=artifact.backend, executor=artifact.executor, device=artifact.device,
+                      arch=artifact.arch, target=artifact.target, files=files.names)
+        executor = executor_class(artifact.executor)(files, record, {"threads": None})
+        inputs = [np.ascontiguousarray(tensor.numpy()) for tensor in spec.example_tensors]
+        outputs = executor.run(inputs)
+        _check_outputs(artifact, record, outputs, spec.reference_outputs)
+        if timing is None:
+            return float("nan")
+        return _median_ms(lambda: executor.run(inputs), timing)
+
+
+def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],
+                   expected: List[np.ndarray]) -> None:
+    if len(outputs) != len(expected):
+        raise BackendError("{} returned {} outputs, torch eager {}".format(
+            artifact.backend, len(outputs), len(expected)))
+    tolerance = record.get("tolerance", {"rtol": 1e-4, "atol": 1e-6})
+    for index, (got, want) in enumerate(zip(outputs, expected)):
+        result = compare(np.asarray(got), want, tolerance)
+        if not result["ok"]:
+            raise BackendError("{} disagrees with torch eager on output {}: {}".format(
+                artifact.backend, index, result.get("error") or "max relative error {:.3g} (rtol {})".format(
+                    result["max_rel"], tolerance["rtol"])))
+
+
+def _median_ms(call: Callable[[], Any], timing: Timing) -> float:
+    started = time.perf_counter()
+    call()  # the first call after loading pays for allocation and lazy initialization: never timed
+    slow = time.perf_counter() - started > timing.seconds
+    for _ in range(0 if slow else timing.warmup - 1):
+        call()
+    times = []  # type: List[float]
+    deadline = time.perf_counter() + timing.seconds
+    while not times or (not slow and len(times) < timing.max_runs and (
+            len(times) < timing.min_runs or time.perf_counter() < deadline)):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000.0)
+    return statistics.median(times)
+
+
+class _LooseFiles:
+    """An artifact's files before any bundle exists, with the reading side of runtime.format.Bundle."""
+
+    def __init__(self, artifact: Artifact, directory: Path) -> None:
+        self.names = {role: "{}/{}".format(role, artifact.file_names[role]) for role in artifact.files}
+        self._data = {self.names[role]: data for role, data in artifact.files.items()}
+        self._directory = directory
+
+    def read(self, name: str) -> bytes:
+        return self._data[name]
+
+    def arrays(self, name: str) -> Dict[str, np.ndarray]:
+        with np.load(io.BytesIO(self._data[name]), allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
+
+    def extract(self, name: str) -> Path:
+        # A fresh directory per candidate: dlopen caches by path (FACTS.md), so a path is never reused.
+        path = self._directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self._data[name])
+        return path
+
+
+def _with_selection(artifact: Artifact, selection: Dict[str, Any]) -> Artifact:
+    artifact.meta = dict(artifact.meta, selection=selection)
+    return artifact
+
+
+def _nothing_built(spec: Specialization, board: Board, rejected: Dict[str, str]) -> BackendError:
+    reasons = "; ".join("{}: {}".format(name, reason) for name, reason in rejected.items()) or "none is registered"
+    return BackendError("no backend could build {} for {}: {}".format(spec.name, board.name, reasons),
+                        hint="install a backend (pip install 'edgedyn[onnxruntime]') or pick one with --backend")
+

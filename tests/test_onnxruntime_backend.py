@@ -1,0 +1,184 @@
+"""Every example and the reference models through the onnxruntime backend: equal to torch eager on fresh random
+inputs, a portable ONNX file in the bundle, and the errors a user sees when onnxruntime is missing."""
+import ast
+import sys
+from pathlib import Path
+from typing import Callable, Dict, Tuple
+
+import numpy as np
+import pytest
+import torch
+
+import edgedyn
+import edgedyn.runtime as rt
+from edgedyn.backends.onnxruntime import execution_providers
+from edgedyn.boards import load_board
+from edgedyn.frontend.loading import load_reference
+from edgedyn.runtime.executors.onnxruntime import usable_providers
+
+from conftest import EXAMPLE_MODELS, EXAMPLES, REPO
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+RTOL = 1e-4
+
+# The models people take to a board, beside the small examples every backend handles.
+REFERENCE_MODELS = {
+    "mobilenet_v2": ("mobilenet_v2.py:MobileNetV2", ("x=1x3x96x96",)),
+    "transformer_block": ("transformer_block.py:TransformerBlock", ("x=1x32x64",)),
+}
+MODELS = dict(EXAMPLE_MODELS, **REFERENCE_MODELS)
+
+
+@pytest.fixture(scope="module")
+def export_onnx(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Exports a model of MODELS with --backend onnxruntime once per (model, board)."""
+    cache: Dict[Tuple[str, str], Path] = {}
+    directory = tmp_path_factory.mktemp("onnx-bundles")
+
+    def export(name: str, board: str = "x86-64") -> Path:
+        if (name, board) not in cache:
+            reference, inputs = MODELS[name]
+            output = directory / "{}-{}.edgedyn".format(name, board)
+            cache[name, board] = edgedyn.export(str(EXAMPLES / reference), inputs=list(inputs), board=board,
+                                                backend="onnxruntime", output=output)
+        return cache[name, board]
+
+    return export
+
+
+def _fresh(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_matches_torch_on_fresh_inputs(export_onnx, name):
+    program = rt.load(export_onnx(name))
+    model, _, _ = load_reference(str(EXAMPLES / MODELS[name][0]))
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+    for index, spec in enumerate(program.specializations):
+        assert spec.artifact["backend"] == "onnxruntime"
+        values = dict(spec.record["constants"])
+        for offset, record in enumerate(spec.record["inputs"]):
+            values[record["name"]] = _fresh(record["shape"], seed=2000 + 10 * index + offset)
+        actual = program(**values)
+        with torch.no_grad():
+            expected = model(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in values.items()})
+        scale = float(expected.abs().max())
+        np.testing.assert_allclose(actual, expected.numpy(), rtol=RTOL, atol=RTOL * scale)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_verifies_with_its_reference_data(export_onnx, name):
+    results = rt.load(export_onnx(name)).verify()
+    assert results and all(r["ok"] and r["artifact"] == "onnxruntime" for r in results), results
+    assert all(r["max_rel"] < RTOL for r in results)
+
+
+def test_bundle_holds_one_portable_onnx_file_with_its_weights(export_onnx):
+    bundle = rt.Bundle(export_onnx("mobilenet_v2"))
+    (spec,) = bundle.manifest["specializations"]
+    (artifact,) = spec["artifacts"]
+    assert artifact["arch"] is None and artifact["target"] == "onnx-opset18"
+    assert artifact["opset"] == 18 and artifact["ir_version"] == 8
+    assert artifact["onnxruntime"] == {"version": __import__("onnxruntime").__version__, "graph_optimization": "basic"}
+    assert artifact["tolerance"]["rtol"] == 1e-4
+    assert artifact["selection"] == {"mode": "user", "requested": "onnxruntime"}
+    assert list(artifact["files"]) == ["model"] and artifact["files"]["model"].endswith("/model.onnx")
+    model = onnx.load_from_string(bundle.read(artifact["files"]["model"]))
+    onnx.checker.check_model(model)
+    assert [i.name for i in model.graph.input] == ["x"] and [o.name for o in model.graph.output] == ["output_0"]
+    # Only standard ONNX ops (basic optimizations): any onnxruntime and any execution provider can run it.
+    assert {node.domain for node in model.graph.node} == {""}
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 18)]
+    # Batch norm was folded into the convolutions, and every weight is inside the file.
+    assert "BatchNormalization" not in {node.op_type for node in model.graph.node}
+    assert model.graph.initializer and all(t.data_location == onnx.TensorProto.DEFAULT for t in model.graph.initializer)
+
+
+def test_export_is_deterministic(tmp_path):
+    members = []
+    for name in ("a", "b"):
+        path = edgedyn.export(str(EXAMPLES / "tiny_cnn.py:TinyCNN"), inputs=["x=1x3x32x32"], backend="onnxruntime",
+                              output=tmp_path / (name + ".edgedyn"))
+        manifest = rt.read_manifest(path)
+        members.append(manifest["members"])
+    assert members[0] == members[1]
+
+
+def test_threads_option_sets_intra_op_threads(export_onnx):
+    program = rt.load(export_onnx("tiny_cnn"), threads=1)
+    executor = program.specializations[0].executor
+    assert executor.describe()["threads"] == 1
+    assert executor._session.get_session_options().intra_op_num_threads == 1
+
+
+def test_jetson_bundle_asks_for_gpu_providers_and_runs_on_what_is_installed(export_onnx):
+    program = rt.load(export_onnx("tiny_cnn", board="jetson-orin-nano"))
+    described = program.specializations[0].executor.describe()
+    assert described["providers_requested"] == [
+        "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    import onnxruntime
+
+    assert described["providers"] == usable_providers(described["providers_requested"],
+                                                      onnxruntime.get_available_providers())
+    assert described["providers"][-1] == "CPUExecutionProvider"
+    assert all(r["ok"] for r in program.verify())
+
+
+@pytest.mark.parametrize("wanted, available, used", [
+    (["CPUExecutionProvider"], ["CPUExecutionProvider"], ["CPUExecutionProvider"]),
+    (["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+     ["CUDAExecutionProvider", "CPUExecutionProvider"], ["CUDAExecutionProvider", "CPUExecutionProvider"]),
+    (["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+     ["CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"],
+     ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]),
+    # CPU always ends the list, even when the artifact did not name it.
+    (["CUDAExecutionProvider"], ["AzureExecutionProvider", "CPUExecutionProvider"], ["CPUExecutionProvider"]),
+])
+def test_usable_providers_keep_the_artifact_order_with_cpu_last(wanted, available, used):
+    assert usable_providers(wanted, available) == used
+
+
+@pytest.mark.parametrize("board, providers", [
+    ("x86-64", ["CPUExecutionProvider"]),
+    ("raspberry-pi-4", ["CPUExecutionProvider"]),
+    ("jetson-nano", ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]),
+])
+def test_execution_providers_per_board(board, providers):
+    assert execution_providers(load_board(board)) == providers
+
+
+def test_missing_onnxruntime_on_the_device_names_the_install_command(export_onnx, monkeypatch):
+    bundle = export_onnx("mlp")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now raises ImportError
+    with pytest.raises(rt.MissingDependencyError) as raised:
+        rt.load(bundle)
+    assert "this bundle runs on onnxruntime, which is not installed" in str(raised.value)
+    assert raised.value.hint.startswith("pip install 'edgedyn[onnxruntime]'")
+
+
+def test_missing_onnxruntime_on_the_host_names_the_install_command(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(edgedyn.errors.MissingDependencyError) as raised:
+        edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], backend="onnxruntime",
+                       output=tmp_path / "mlp.edgedyn")
+    assert "the onnxruntime backend needs onnx, onnxscript and onnxruntime" in raised.value.message
+    assert raised.value.hint == "pip install 'edgedyn[export,onnxruntime]'"
+
+
+def test_verify_without_onnxruntime_is_one_error_line_with_the_hint(run_cli, export_onnx, tmp_path):
+    # A fresh interpreter in which `import onnxruntime` fails, as on a board without the package.
+    (tmp_path / "onnxruntime.py").write_text("raise ImportError('No module named onnxruntime')\n")
+    result = run_cli("verify", str(export_onnx("mlp")), env={"PYTHONPATH": "{}:{}".format(tmp_path, REPO)})
+    assert result.returncode == 2, result.stderr
+    assert "error: this bundle runs on onnxruntime, which is not installed" in result.stderr
+    assert "hint: pip install 'edgedyn[onnxruntime]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_executor_keeps_python38_syntax():
+    source = (REPO / "edgedyn" / "runtime" / "executors" / "onnxruntime.py").read_text()
+    ast.parse(source, feature_version=(3, 8))
+    assert "from edgedyn." not in source.replace("from edgedyn.runtime", "")

@@ -1,0 +1,171 @@
+"""The TFLite writer op by op: each small model exported with --backend tflite and run by LiteRT equals torch eager.
+
+Inputs are fresh random normals (never the export's example inputs, never zeros). Tolerance: fp32 through XNNPACK,
+max abs error <= 1e-4 * max |torch output| (+1e-6), the bundle's own tolerance.
+"""
+from typing import Callable, Sequence, Tuple
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import edgedyn
+import edgedyn.runtime as rt
+
+pytest.importorskip("ai_edge_litert")
+pytest.importorskip("tflite")
+RTOL = 1e-4
+
+
+class Fn(nn.Module):
+    """A module around a function of the inputs, so each table row is one line."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], *modules: nn.Module) -> None:
+        super().__init__()
+        self.fn = fn
+        self.layers = nn.ModuleList(modules)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(self.layers, x)
+
+
+class Fn2(Fn):
+    """The same for two inputs (edgedyn captures named arguments, not *args)."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return self.fn(self.layers, x, y)
+
+
+def conv(cin: int = 4, cout: int = 6, k: int = 3, **kw: int) -> nn.Conv2d:
+    torch.manual_seed(0)
+    return nn.Conv2d(cin, cout, k, **kw)
+
+
+def seq(*modules: nn.Module) -> Fn:
+    return Fn(lambda m, x: nn.Sequential(*m)(x), *modules)
+
+
+IMG = (1, 4, 9, 11)  # odd, unequal sizes: SAME's uneven padding and H/W swaps show up
+CASES = {
+    # convolution: CONV_2D and DEPTHWISE_CONV_2D in NHWC, torch padding as SAME, VALID or an explicit PAD
+    "conv3x3_same": (seq(conv(padding=1)), [IMG]),
+    "conv3x3_stride2_pad1": (seq(conv(stride=2, padding=1)), [IMG]),
+    "conv5x5_valid_no_bias": (seq(conv(k=5, bias=False)), [IMG]),
+    "conv_dilated": (seq(conv(padding=2, dilation=2)), [IMG]),
+    "conv_rect_kernel_stride": (seq(conv(k=(3, 1), stride=(2, 1), padding=(1, 0))), [IMG]),
+    "conv1x1_batch2": (seq(conv(k=1)), [(2, 4, 5, 5)]),
+    "depthwise": (seq(conv(4, 4, groups=4, padding=1)), [IMG]),
+    "depthwise_stride2": (seq(conv(4, 4, groups=4, stride=2, padding=1)), [IMG]),
+    "depthwise_multiplier2": (seq(conv(4, 8, groups=4, padding=1)), [IMG]),
+    # fully connected and matrix products
+    "linear": (seq(nn.Linear(16, 7)), [(3, 16)]),
+    "linear_3d": (seq(nn.Linear(16, 7)), [(2, 3, 16)]),
+    "linear_no_bias": (seq(nn.Linear(16, 7, bias=False)), [(3, 16)]),
+    "mm_computed": (Fn(lambda m, a, b: a @ b), [(5, 6), (6, 3)]),
+    "bmm": (Fn(lambda m, a, b: torch.bmm(a, b)), [(2, 5, 6), (2, 6, 3)]),
+    "matmul_4d_transposed": (Fn(lambda m, a, b: a @ b.transpose(-2, -1)), [(1, 2, 5, 6), (1, 2, 4, 6)]),
+    # elementwise, with broadcasting across layouts
+    "add_sub_mul_div": (Fn(lambda m, a, b: (a + b) * (a - b) / (b.abs() + 1.5)), [(2, 3, 4), (2, 3, 4)]),
+    "broadcast_row": (Fn(lambda m, a, b: a * b - b), [(2, 3, 4), (4,)]),
+    "scalars": (Fn(lambda m, x: (1.0 - x) * 3 + x / 4 - 2), [(3, 5)]),
+    "add_alpha": (Fn(lambda m, a, b: torch.add(a, b, alpha=0.5)), [(3, 5), (3, 5)]),
+    "nhwc_plus_nchw_input": (Fn(lambda m, x: m[0](x) + x), [IMG], conv(4, 4, padding=1)),
+    "nhwc_times_channel_param": (Fn(lambda m, x: m[0](x) * m[0].bias.view(6, 1, 1) + 1), [IMG], conv()),
+    "nhwc_plus_row_vector": (Fn(lambda m, x, r: m[0](x) + r), [IMG, (11,)], conv(padding=1)),
+    "residual_nhwc": (Fn(lambda m, x: m[1](m[0](x)) + m[0](x)), [IMG], conv(4, 4, padding=1), conv(4, 4, padding=1)),
+    "maximum_minimum_pow": (Fn(lambda m, a, b: torch.maximum(a, b) + torch.minimum(a, b) ** 2), [(4, 5), (4, 5)]),
+    # activations
+    "relu": (seq(nn.ReLU()), [(3, 8)]),
+    "relu6": (seq(conv(padding=1), nn.ReLU6()), [IMG]),
+    "hardtanh_other_bounds": (seq(nn.Hardtanh(-0.5, 0.7)), [(3, 8)]),
+    "hardtanh_minus1_1": (seq(nn.Hardtanh()), [(3, 8)]),
+    "clamp_min": (Fn(lambda m, x: torch.clamp(x, min=0.25)), [(3, 8)]),
+    "hardswish": (seq(nn.Hardswish()), [(3, 8)]),
+    "hardsigmoid": (seq(nn.Hardsigmoid()), [(3, 8)]),
+    "sigmoid": (seq(nn.Sigmoid()), [(3, 8)]),
+    "tanh": (seq(nn.Tanh()), [(3, 8)]),
+    "gelu": (seq(nn.GELU()), [(3, 8)]),
+    "gelu_tanh": (seq(nn.GELU(approximate="tanh")), [(3, 8)]),
+    "silu": (seq(nn.SiLU()), [(3, 8)]),
+    "leaky_relu": (seq(nn.LeakyReLU(0.2)), [(3, 8)]),
+    "exp_log_sqrt_rsqrt_neg": (Fn(lambda m, x: torch.exp(-x) + torch.log(x.abs() + 1) + torch.sqrt(x.abs())
+                                  + torch.rsqrt(x.abs() + 1)), [(3, 8)]),
+    # pooling and reductions
+    "maxpool2": (seq(nn.MaxPool2d(2)), [(1, 3, 8, 10)]),
+    "maxpool3_stride2_pad1": (seq(nn.MaxPool2d(3, 2, 1)), [IMG]),
+    "avgpool2": (seq(nn.AvgPool2d(2)), [(1, 3, 8, 10)]),
+    "avgpool3_pad1_count_pad": (seq(nn.AvgPool2d(3, 1, 1)), [IMG]),
+    "avgpool3_pad1_exclude_pad": (seq(nn.AvgPool2d(3, 1, 1, count_include_pad=False)), [IMG]),
+    "adaptive_avgpool_1": (seq(conv(), nn.AdaptiveAvgPool2d(1)), [IMG]),
+    "adaptive_avgpool_2": (seq(nn.AdaptiveAvgPool2d((2, 3))), [(1, 3, 8, 9)]),
+    "mean_channels_of_nhwc": (Fn(lambda m, x: m[0](x).mean(1)), [IMG], conv()),
+    "mean_hw_no_keepdim": (Fn(lambda m, x: m[0](x).mean((2, 3))), [IMG], conv()),
+    "sum_and_amax": (Fn(lambda m, x: x.sum(-1) + x.amax(0)), [(4, 4)]),
+    # shapes and layout
+    "flatten_nhwc": (Fn(lambda m, x: torch.flatten(m[0](x), 1)), [IMG], conv()),
+    "view_permute_reshape": (Fn(lambda m, x: x.view(2, 3, 4).permute(2, 0, 1).reshape(4, 6)), [(6, 4)]),
+    "permute_of_nhwc": (Fn(lambda m, x: m[0](x).permute(0, 2, 3, 1)), [IMG], conv()),
+    "transpose_then_add": (Fn(lambda m, x, y: x.transpose(0, 1) + y), [(3, 5), (5, 3)]),
+    "cat_channels_nhwc": (Fn(lambda m, x: torch.cat([m[0](x), m[1](x)], 1)), [IMG], conv(), conv(4, 3)),
+    "cat_last_dim": (Fn(lambda m, a, b: torch.cat([a, b], -1)), [(2, 3), (2, 5)]),
+    "slice_select": (Fn(lambda m, x: x[:, 1:4, ::2] + x[:, 0:3, 1::2] * x[:, 2, None, :4]), [(2, 5, 8)]),
+    "slice_of_nhwc": (Fn(lambda m, x: m[0](x)[:, 2:5, 1:]), [IMG], conv()),
+    "chunk": (Fn(lambda m, x: torch.stack(x.chunk(2, -1), 0).sum(0)), [(3, 8)]),
+    "unsqueeze_squeeze_expand": (Fn(lambda m, x: x.unsqueeze(1).expand(3, 4, 5).squeeze(0) * 2), [(3, 5)]),
+    # softmax over any dim
+    "softmax_last": (Fn(lambda m, x: torch.softmax(x, -1)), [(3, 7)]),
+    "softmax_dim0": (Fn(lambda m, x: torch.softmax(x, 0)), [(3, 7)]),
+    "softmax_channels_nhwc": (Fn(lambda m, x: torch.softmax(m[0](x), 1)), [IMG], conv()),
+    "log_softmax": (Fn(lambda m, x: F.log_softmax(x, -1)), [(3, 7)]),
+    # padding
+    "pad_zeros": (Fn(lambda m, x: F.pad(x, (1, 2, 0, 3))), [(2, 3, 4)]),
+    "pad_value": (Fn(lambda m, x: F.pad(x, (2, 0), value=1.5)), [(3, 4)]),
+    "pad_nhwc": (Fn(lambda m, x: F.pad(m[0](x), (1, 1, 2, 0))), [IMG], conv()),
+    # normalization
+    "layer_norm": (seq(nn.LayerNorm(16)), [(2, 5, 16)]),
+    "layer_norm_2d": (seq(nn.LayerNorm((5, 16))), [(2, 5, 16)]),
+    "batch_norm_unfolded": (seq(nn.BatchNorm1d(6)), [(4, 6)]),
+    "batch_norm_2d_on_input": (seq(nn.BatchNorm2d(4)), [IMG]),
+}
+
+
+def _randomize(model: nn.Module) -> nn.Module:
+    generator = torch.Generator().manual_seed(7)
+    for module in model.modules():
+        if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            n = module.num_features
+            module.running_mean.copy_(torch.randn(n, generator=generator))
+            module.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
+            module.weight.data.copy_(torch.randn(n, generator=generator))
+            module.bias.data.copy_(torch.randn(n, generator=generator))
+        if isinstance(module, nn.LayerNorm):
+            module.weight.data.copy_(torch.randn(module.weight.shape, generator=generator))
+            module.bias.data.copy_(torch.randn(module.bias.shape, generator=generator))
+    return model.eval()
+
+
+def _case(name: str) -> Tuple[nn.Module, Sequence[Tuple[int, ...]]]:
+    entry = CASES[name]
+    model, shapes = entry[0], entry[1]
+    cls = Fn2 if len(shapes) == 2 else Fn
+    model = cls(model.fn, *(list(model.layers) + list(entry[2:])))
+    return _randomize(model), shapes
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_matches_torch(name: str, tmp_path) -> None:
+    model, shapes = _case(name)
+    rng = np.random.default_rng(abs(hash(name)) % 2 ** 32)
+    example = tuple(torch.randn(*shape) for shape in shapes)
+    bundle = edgedyn.export(model, example, backend="tflite", output=tmp_path / "op.edgedyn", verify=False)
+    program = rt.load(bundle, threads=1)
+    fresh = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    with torch.no_grad():
+        expected = model(*[torch.from_numpy(x) for x in fresh]).numpy()
+    actual = program(*fresh)
+    assert actual.shape == expected.shape
+    scale = float(np.abs(expected).max())
+    assert scale > 0, "a test whose output is all zeros cannot fail"
+    np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * scale + 1e-6)
