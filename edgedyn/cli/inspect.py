@@ -1,6 +1,6 @@
 """`edgedyn inspect`: what a bundle holds, without running it (no backend runtime needed)."""
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import typer
 from rich.table import Table
@@ -12,6 +12,11 @@ from edgedyn.cli.common import human_bytes, out, print_json
 def inspect_command(
     bundle: Annotated[Path, typer.Argument(help="The .edgedyn bundle to describe.")],
     json_: Annotated[bool, typer.Option("--json", help="Print the manifest and sizes as JSON.")] = False,
+    memory: Annotated[bool, typer.Option("--memory", help="Print each specialization's memory plan and draw it "
+                                                           "(arena over time) into BUNDLE.memory-N.svg.")] = False,
+    picture_dir: Annotated[Optional[Path], typer.Option("--picture-dir", help="Folder for the --memory pictures "
+                                                                              "(default: the current folder).")]
+    = None,
 ) -> None:
     """Show the board, backend, guards and specializations, inputs and outputs, sizes and versions."""
     from edgedyn.runtime import guards
@@ -19,6 +24,11 @@ def inspect_command(
 
     opened = Bundle(bundle)
     manifest = opened.manifest
+    if memory:
+        from edgedyn.cli.memory import show_memory
+
+        show_memory(opened, picture_dir or Path.cwd())
+        return
     if json_:
         print_json(dict(manifest, bundle={"path": str(bundle), "sha256": opened.sha256,
                                           "size": bundle.stat().st_size}))

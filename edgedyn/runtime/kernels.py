@@ -1,0 +1,641 @@
+"""numpy kernels for the portable executor: each writes into preallocated arrays (views of one arena).
+
+A kernel is `prepare(outs, args, kwargs, scratch) -> run`: `prepare` runs once when a bundle is loaded and builds
+every view it needs; `run()` runs on each call and allocates no array (ufuncs with `out=`, matmul with `out=`).
+`outs` are the op's outputs (None where the graph never reads one), `args`/`kwargs` the ATen arguments with
+tensors as arrays, `scratch` the buffers that `SCRATCH[op](outs, args, kwargs)` asked for (shapes, in the dtype
+of the first output), planned in the arena like any tensor and live during this op only.
+
+Standard library and numpy >= 1.19 only, Python 3.8 syntax: this file runs on the board.
+"""
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+Run = Callable[[], None]
+Shapes = List[Tuple[int, ...]]
+
+
+class Unsupported(Exception):
+    """An op, or an argument of it, that no kernel here handles (raised at export, never on the board)."""
+
+
+def _view(array: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """`array` reshaped without copying (numpy's reshape would silently copy, and copy on every call)."""
+    view = array.view()
+    view.shape = tuple(shape)
+    return view
+
+
+def _pair(value: Any) -> Tuple[int, int]:
+    if isinstance(value, (list, tuple)):
+        return (int(value[0]), int(value[-1])) if value else (1, 1)
+    return int(value), int(value)
+
+
+# --- elementwise ---
+
+def _unary(ufunc: Any) -> Callable[..., Run]:
+    def prepare(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+        out, x = outs[0], args[0]
+        return lambda: ufunc(x, out=out)
+    return prepare
+
+
+def _relu(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x = outs[0], args[0]
+    return lambda: np.maximum(x, 0, out=out)
+
+
+def _clamp_between(out: np.ndarray, x: np.ndarray, low: Optional[float], high: Optional[float]) -> Run:
+    def run() -> None:
+        if low is not None and high is not None:
+            np.maximum(x, low, out=out)
+            np.minimum(out, high, out=out)
+        elif low is not None:
+            np.maximum(x, low, out=out)
+        elif high is not None:
+            np.minimum(x, high, out=out)
+        else:
+            np.copyto(out, x)
+    return run
+
+
+def _hardtanh(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    low = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
+    high = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
+    return _clamp_between(outs[0], args[0], low, high)
+
+
+def _clamp(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    low = args[1] if len(args) > 1 else kwargs.get("min")
+    high = args[2] if len(args) > 2 else kwargs.get("max")
+    return _clamp_between(outs[0], args[0], low, high)
+
+
+def _sigmoid_into(out: np.ndarray, x: np.ndarray) -> None:
+    np.negative(x, out=out)
+    np.exp(out, out=out)
+    np.add(out, 1.0, out=out)
+    np.reciprocal(out, out=out)
+
+
+def _sigmoid(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x = outs[0], args[0]
+    return lambda: _sigmoid_into(out, x)
+
+
+def _silu(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x, s = outs[0], args[0], scratch[0]
+
+    def run() -> None:
+        _sigmoid_into(s, x)
+        np.multiply(x, s, out=out)
+    return run
+
+
+def _hardsigmoid_into(out: np.ndarray, x: np.ndarray) -> None:
+    np.add(x, 3.0, out=out)
+    np.maximum(out, 0.0, out=out)
+    np.minimum(out, 6.0, out=out)
+    np.multiply(out, 1.0 / 6.0, out=out)
+
+
+def _hardsigmoid(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x = outs[0], args[0]
+    return lambda: _hardsigmoid_into(out, x)
+
+
+def _hardswish(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x, s = outs[0], args[0], scratch[0]
+
+    def run() -> None:
+        _hardsigmoid_into(s, x)
+        np.multiply(x, s, out=out)
+    return run
+
+
+# erf by Abramowitz and Stegun 7.1.26 (|error| <= 1.5e-7): numpy has no erf, and scipy is not on the board.
+_ERF_P = 0.3275911
+_ERF_A = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
+
+
+def _gelu(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x = outs[0], args[0]
+    z, b = scratch[0], scratch[1]
+    approximate = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+    if approximate == "tanh":
+        def run_tanh() -> None:
+            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            np.multiply(x, x, out=z)
+            np.multiply(z, 0.044715, out=z)
+            np.add(z, 1.0, out=z)
+            np.multiply(z, x, out=z)
+            np.multiply(z, math.sqrt(2.0 / math.pi), out=z)
+            np.tanh(z, out=z)
+            np.add(z, 1.0, out=z)
+            np.multiply(x, 0.5, out=b)
+            np.multiply(b, z, out=out)
+        return run_tanh
+
+    def run() -> None:
+        # x is read only here: afterwards `out` (which may be x) serves as a third buffer. x = z * sqrt(2).
+        np.multiply(x, 1.0 / math.sqrt(2.0), out=z)
+        np.abs(z, out=out)
+        np.multiply(out, _ERF_P, out=out)
+        np.add(out, 1.0, out=out)
+        np.reciprocal(out, out=out)  # t
+        np.multiply(out, _ERF_A[0], out=b)
+        for coefficient in _ERF_A[1:]:
+            np.add(b, coefficient, out=b)
+            np.multiply(b, out, out=b)  # b = polynomial(t)
+        np.multiply(z, z, out=out)
+        np.negative(out, out=out)
+        np.exp(out, out=out)
+        np.multiply(b, out, out=b)
+        np.subtract(1.0, b, out=b)  # erf(|z|)
+        np.copysign(b, z, out=b)  # erf(z)
+        np.add(b, 1.0, out=b)
+        np.multiply(z, math.sqrt(0.5), out=out)  # 0.5 * x
+        np.multiply(out, b, out=out)
+    return run
+
+
+def _binary(ufunc: Any) -> Callable[..., Run]:
+    def prepare(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+        out, a, b = outs[0], args[0], args[1]
+        alpha = kwargs.get("alpha", 1)
+        if kwargs.get("rounding_mode") is not None:
+            raise Unsupported("div with rounding_mode={!r}".format(kwargs["rounding_mode"]))
+        if alpha != 1:
+            if not isinstance(b, np.ndarray):
+                b = b * alpha
+            else:
+                scaled = scratch[0]
+
+                def run_scaled() -> None:
+                    np.multiply(b, alpha, out=scaled)
+                    ufunc(a, scaled, out=out)
+                return run_scaled
+        return lambda: ufunc(a, b, out=out)
+    return prepare
+
+
+def _binary_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
+    if kwargs.get("alpha", 1) != 1 and isinstance(args[1], np.ndarray):
+        return [tuple(args[1].shape)]
+    return []
+
+
+def _pow(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x, exponent = outs[0], args[0], args[1]
+    if exponent == 2:
+        return lambda: np.multiply(x, x, out=out)
+    return lambda: np.power(x, exponent, out=out)
+
+
+def _rsqrt(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x = outs[0], args[0]
+
+    def run() -> None:
+        np.sqrt(x, out=out)
+        np.reciprocal(out, out=out)
+    return run
+
+
+# --- matrix products ---
+
+def _mm(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, a, b = outs[0], args[0], args[1]
+    return lambda: np.matmul(a, b, out=out)
+
+
+def _addmm(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, bias, a, b = outs[0], args[0], args[1], args[2]
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+
+    def run() -> None:
+        np.matmul(a, b, out=out)
+        if alpha != 1:
+            np.multiply(out, alpha, out=out)
+        if beta == 1:
+            np.add(out, bias, out=out)
+        elif beta != 0:
+            raise ValueError("addmm with beta {} is not supported".format(beta))
+    if beta not in (0, 1):
+        raise Unsupported("addmm with beta={}".format(beta))
+    return run
+
+
+def _linear(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x, weight = outs[0], args[0], args[1]
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    transposed = weight.T
+
+    def run() -> None:
+        np.matmul(x, transposed, out=out)
+        if bias is not None:
+            np.add(out, bias, out=out)
+    return run
+
+
+# --- convolution and pooling, NCHW ---
+
+def _conv_geometry(args: List[Any]) -> Tuple[Tuple[int, int], Tuple[int, int], Tuple[int, int], int]:
+    stride, padding, dilation = _pair(args[3]), _pair(args[4]), _pair(args[5])
+    if args[6]:
+        raise Unsupported("transposed convolution")
+    if args[0].ndim != 4:
+        raise Unsupported("{}-d convolution (only 2-d)".format(args[0].ndim - 2))
+    return stride, padding, dilation, int(args[8])
+
+
+def _padded_shape(x: np.ndarray, out: np.ndarray, kernel: Tuple[int, int], stride: Tuple[int, int],
+                  padding: Tuple[int, int], dilation: Tuple[int, int]) -> Tuple[int, ...]:
+    """The input grown by its padding, and enough more that every window of `out` lies inside (ceil_mode)."""
+    rows = max(x.shape[2] + 2 * padding[0], (out.shape[2] - 1) * stride[0] + (kernel[0] - 1) * dilation[0] + 1)
+    cols = max(x.shape[3] + 2 * padding[1], (out.shape[3] - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1)
+    return (x.shape[0], x.shape[1], rows, cols)
+
+
+def _windows(padded: np.ndarray, out: np.ndarray, kernel: Tuple[int, int], stride: Tuple[int, int],
+             dilation: Tuple[int, int]) -> np.ndarray:
+    """A view (N, C, kh, kw, OH, OW) of every input element each output position reads."""
+    n, c, h, w = padded.strides
+    shape = padded.shape[:2] + kernel + out.shape[2:]
+    return as_strided(padded, shape, (n, c, h * dilation[0], w * dilation[1], h * stride[0], w * stride[1]),
+                      writeable=False)
+
+
+def _padding_of(x: np.ndarray, padded: np.ndarray, padding: Tuple[int, int], fill: float) -> Run:
+    """Copies x into the padded buffer (when there is one), filling the border."""
+    if padded is x:
+        return lambda: None
+    inner = padded[:, :, padding[0]:padding[0] + x.shape[2], padding[1]:padding[1] + x.shape[3]]
+
+    def run() -> None:
+        padded.fill(fill)
+        np.copyto(inner, x)
+    return run
+
+
+def _needs_padding(x: np.ndarray, shape: Tuple[int, ...]) -> bool:
+    return tuple(x.shape) != tuple(shape)
+
+
+def _conv_kind(outs: List[Any], args: List[Any]) -> str:
+    x, weight = args[0], args[1]
+    stride, padding, dilation, groups = _conv_geometry(args)
+    if groups == x.shape[1] and weight.shape[0] == groups:
+        return "depthwise"
+    if weight.shape[2:] == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1 \
+            and x.flags.c_contiguous:
+        return "pointwise"
+    return "im2col"
+
+
+def _conv_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
+    x, weight, out = args[0], args[1], outs[0]
+    stride, padding, dilation, groups = _conv_geometry(args)
+    kernel = (int(weight.shape[2]), int(weight.shape[3]))
+    if not out.flags.c_contiguous:
+        raise Unsupported("convolution writing a non-contiguous output")
+    kind = _conv_kind(outs, args)
+    if kind == "pointwise":
+        return []
+    padded = _padded_shape(x, out, kernel, stride, padding, dilation)
+    shapes = [padded] if _needs_padding(x, padded) or not x.flags.c_contiguous else []
+    if kind == "depthwise":
+        return shapes + [tuple(out.shape)]
+    n, c = x.shape[0], x.shape[1]
+    return shapes + [(n, groups, c // groups * kernel[0] * kernel[1], out.shape[2] * out.shape[3])]
+
+
+def _conv(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    x, weight, bias, out = args[0], args[1], args[2], outs[0]
+    stride, padding, dilation, groups = _conv_geometry(args)
+    kernel = (int(weight.shape[2]), int(weight.shape[3]))
+    n, o = out.shape[0], out.shape[1]
+    kind = _conv_kind(outs, args)
+    out3 = _view(out, (n, o, -1))
+    add_bias = (lambda: np.add(out3, _view(bias, (o, 1)), out=out3)) if bias is not None else (lambda: None)
+    if kind == "pointwise":
+        x3, w2 = _view(x, (n, x.shape[1], -1)), _view(weight, (o, -1))
+
+        def run_pointwise() -> None:
+            np.matmul(w2, x3, out=out3)
+            add_bias()
+        return run_pointwise
+    padded_shape = _padded_shape(x, out, kernel, stride, padding, dilation)
+    has_padded = _needs_padding(x, padded_shape) or not x.flags.c_contiguous
+    padded = scratch[0].reshape(padded_shape) if has_padded else x
+    fill = _padding_of(x, padded, padding, 0.0)
+    windows = _windows(padded, out, kernel, stride, dilation)  # (N, C, kh, kw, OH, OW)
+    work = scratch[1 if has_padded else 0]
+    if kind == "depthwise":
+        taps = [(i, j, windows[:, :, i, j], weight[:, 0, i, j].reshape(o, 1, 1))
+                for i in range(kernel[0]) for j in range(kernel[1])]
+        product = work.reshape(out.shape)
+
+        def run_depthwise() -> None:
+            fill()
+            first = True
+            for _, _, window, tap in taps:
+                if first:
+                    np.multiply(window, tap, out=out)
+                    first = False
+                else:
+                    np.multiply(window, tap, out=product)
+                    np.add(out, product, out=out)
+            add_bias()
+        return run_depthwise
+    c = x.shape[1]
+    columns = _view(work, (n, groups, c // groups, kernel[0], kernel[1], out.shape[2], out.shape[3]))
+    source = _view(windows, (n, groups, c // groups, kernel[0], kernel[1], out.shape[2], out.shape[3]))
+    matrix = _view(work, (n, groups, -1, out.shape[2] * out.shape[3]))
+    w3 = _view(weight, (groups, o // groups, -1))
+    out4 = _view(out, (n, groups, o // groups, -1))
+
+    def run_im2col() -> None:
+        fill()
+        np.copyto(columns, source)
+        np.matmul(w3, matrix, out=out4)
+        add_bias()
+    return run_im2col
+
+
+def _pool_geometry(args: List[Any], kwargs: Dict[str, Any]) -> Tuple[Tuple[int, int], ...]:
+    kernel = _pair(args[1])
+    stride = _pair(args[2]) if len(args) > 2 and args[2] else kernel
+    padding = _pair(args[3]) if len(args) > 3 else (0, 0)
+    dilation = _pair(args[4]) if len(args) > 4 else (1, 1)
+    return kernel, stride, padding, dilation
+
+
+def _max_pool_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
+    if len(outs) > 1 and outs[1] is not None:
+        raise Unsupported("max_pool2d indices (only the pooled values are computed)")
+    x = args[0]
+    if x.ndim != 4:
+        raise Unsupported("{}-d input to max_pool2d (only NCHW)".format(x.ndim))
+    kernel, stride, padding, dilation = _pool_geometry(args, kwargs)
+    padded = _padded_shape(x, outs[0], kernel, stride, padding, dilation)
+    return [padded] if _needs_padding(x, padded) else []
+
+
+def _max_pool(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    x, out = args[0], outs[0]
+    kernel, stride, padding, dilation = _pool_geometry(args, kwargs)
+    padded = scratch[0].reshape(_padded_shape(x, out, kernel, stride, padding, dilation)) if scratch else x
+    fill = _padding_of(x, padded, padding, -np.inf)
+    windows = _windows(padded, out, kernel, stride, dilation)
+    taps = [windows[:, :, i, j] for i in range(kernel[0]) for j in range(kernel[1])]
+
+    def run() -> None:
+        fill()
+        np.copyto(out, taps[0])
+        for tap in taps[1:]:
+            np.maximum(out, tap, out=out)
+    return run
+
+
+def _avg_pool_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
+    ceil_mode = args[4] if len(args) > 4 else kwargs.get("ceil_mode", False)
+    include_pad = args[5] if len(args) > 5 else kwargs.get("count_include_pad", True)
+    divisor = args[6] if len(args) > 6 else kwargs.get("divisor_override")
+    kernel, stride, padding, _ = _pool_geometry(args[:4], kwargs)
+    if ceil_mode or divisor is not None or (padding != (0, 0) and not include_pad):
+        raise Unsupported("avg_pool2d with ceil_mode, divisor_override or count_include_pad=False")
+    padded = _padded_shape(args[0], outs[0], kernel, stride, padding, (1, 1))
+    return [padded] if _needs_padding(args[0], padded) else []
+
+
+def _avg_pool(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    x, out = args[0], outs[0]
+    kernel, stride, padding, _ = _pool_geometry(args[:4], kwargs)
+    padded = scratch[0].reshape(_padded_shape(x, out, kernel, stride, padding, (1, 1))) if scratch else x
+    fill = _padding_of(x, padded, padding, 0.0)
+    windows = _windows(padded, out, kernel, stride, (1, 1))
+    taps = [windows[:, :, i, j] for i in range(kernel[0]) for j in range(kernel[1])]
+    scale = 1.0 / (kernel[0] * kernel[1])
+
+    def run() -> None:
+        fill()
+        np.copyto(out, taps[0])
+        for tap in taps[1:]:
+            np.add(out, tap, out=out)
+        np.multiply(out, scale, out=out)
+    return run
+
+
+def _adaptive_avg_pool(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    x, out = args[0], outs[0]
+    rows, cols = x.shape[-2] // out.shape[-2], x.shape[-1] // out.shape[-1]
+    if x.shape[-2] % out.shape[-2] or x.shape[-1] % out.shape[-1]:
+        raise Unsupported("adaptive_avg_pool2d from {} to {} (sizes must divide)".format(x.shape, out.shape))
+    s = x.strides
+    windows = as_strided(x, out.shape + (rows, cols), s[:-2] + (s[-2] * rows, s[-1] * cols, s[-2], s[-1]),
+                         writeable=False)
+    return lambda: np.mean(windows, axis=(-2, -1), out=out)
+
+
+# --- reductions and normalization ---
+
+def _dims(x: np.ndarray, dims: Any) -> Tuple[int, ...]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(x.ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted(int(d) % max(x.ndim, 1) for d in dims))
+
+
+def _reduction(ufunc_name: str) -> Callable[..., Run]:
+    def prepare(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+        x, out = args[0], outs[0]
+        axes = _dims(x, args[1] if len(args) > 1 else kwargs.get("dim"))
+        keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        target = out if keep else _view(out, tuple(1 if i in axes else n for i, n in enumerate(x.shape)))
+        function = getattr(np, ufunc_name)
+        return lambda: function(x, axis=axes, keepdims=True, out=target)
+    return prepare
+
+
+def _reduced_shape(x: np.ndarray, dim: int) -> Tuple[int, ...]:
+    return tuple(1 if i == dim % x.ndim else n for i, n in enumerate(x.shape))
+
+
+def _softmax_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
+    return [_reduced_shape(args[0], int(args[1]))]
+
+
+def _softmax(log: bool) -> Callable[..., Run]:
+    def prepare(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+        x, out, dim = args[0], outs[0], int(args[1]) % args[0].ndim
+        m = scratch[0].reshape(_reduced_shape(x, dim))
+
+        def run() -> None:
+            np.amax(x, axis=dim, keepdims=True, out=m)
+            np.subtract(x, m, out=out)
+            np.exp(out, out=out)
+            np.sum(out, axis=dim, keepdims=True, out=m)
+            np.divide(out, m, out=out)
+
+        def run_log() -> None:
+            # log_softmax = (x - max) - log(sum(exp(x - max))), with out holding x - max throughout
+            np.amax(x, axis=dim, keepdims=True, out=m)
+            np.subtract(x, m, out=out)
+            np.exp(out, out=out)
+            np.sum(out, axis=dim, keepdims=True, out=m)
+            np.log(out, out=out)
+            np.log(m, out=m)
+            np.subtract(out, m, out=out)
+        return run_log if log else run
+    return prepare
+
+
+def _layer_norm_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
+    x, normalized = args[0], list(args[1])
+    stats = tuple(x.shape[:x.ndim - len(normalized)]) + (1,) * len(normalized)
+    return [stats, stats, tuple(x.shape)]
+
+
+def _layer_norm(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    x, normalized, weight, bias, eps = args[0], list(args[1]), args[2], args[3], float(args[4])
+    out, mean_out, rstd_out = outs[0], outs[1] if len(outs) > 1 else None, outs[2] if len(outs) > 2 else None
+    axes = tuple(range(x.ndim - len(normalized), x.ndim))
+    stats_shape = _layer_norm_scratch(outs, args, kwargs)[0]
+    mean, rstd, square = scratch[0].reshape(stats_shape), scratch[1].reshape(stats_shape), scratch[2].reshape(x.shape)
+
+    def run() -> None:
+        np.mean(x, axis=axes, keepdims=True, out=mean)
+        np.subtract(x, mean, out=out)
+        np.multiply(out, out, out=square)
+        np.mean(square, axis=axes, keepdims=True, out=rstd)
+        np.add(rstd, eps, out=rstd)
+        np.sqrt(rstd, out=rstd)
+        np.reciprocal(rstd, out=rstd)
+        np.multiply(out, rstd, out=out)
+        if weight is not None:
+            np.multiply(out, weight, out=out)
+        if bias is not None:
+            np.add(out, bias, out=out)
+        if mean_out is not None:
+            np.copyto(mean_out, mean.reshape(mean_out.shape))
+        if rstd_out is not None:
+            np.copyto(rstd_out, rstd.reshape(rstd_out.shape))
+    return run
+
+
+# --- copies ---
+
+def _copy(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x = outs[0], args[0]
+    return lambda: np.copyto(out, x, casting="unsafe")
+
+
+def _cat(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out = outs[0]
+    dim = int(args[1] if len(args) > 1 else kwargs.get("dim", 0)) % out.ndim
+    pieces, start = [], 0
+    for part in args[0]:
+        if part.size == 0 and part.ndim == 1:
+            continue  # torch.cat skips legacy empty tensors
+        index = [slice(None)] * out.ndim
+        index[dim] = slice(start, start + part.shape[dim])
+        pieces.append((out[tuple(index)], part))
+        start += part.shape[dim]
+
+    def run() -> None:
+        for target, part in pieces:
+            np.copyto(target, part, casting="unsafe")
+    return run
+
+
+def _constant_pad(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x, pad = outs[0], args[0], list(args[1])
+    value = args[2] if len(args) > 2 else kwargs.get("value", 0.0)
+    if any(p < 0 for p in pad):
+        raise Unsupported("constant_pad_nd with negative padding")
+    index = [slice(None)] * x.ndim
+    for k in range(len(pad) // 2):
+        axis = x.ndim - 1 - k
+        index[axis] = slice(pad[2 * k], pad[2 * k] + x.shape[axis])
+    inner = out[tuple(index)]
+
+    def run() -> None:
+        out.fill(value)
+        np.copyto(inner, x)
+    return run
+
+
+KERNELS = {
+    "aten.relu.default": _relu,
+    "aten.hardtanh.default": _hardtanh,
+    "aten.clamp.default": _clamp,
+    "aten.sigmoid.default": _sigmoid,
+    "aten.tanh.default": _unary(np.tanh),
+    "aten.neg.default": _unary(np.negative),
+    "aten.exp.default": _unary(np.exp),
+    "aten.sqrt.default": _unary(np.sqrt),
+    "aten.abs.default": _unary(np.abs),
+    "aten.rsqrt.default": _rsqrt,
+    "aten.gelu.default": _gelu,
+    "aten.silu.default": _silu,
+    "aten.hardswish.default": _hardswish,
+    "aten.hardsigmoid.default": _hardsigmoid,
+    "aten.add.Tensor": _binary(np.add),
+    "aten.sub.Tensor": _binary(np.subtract),
+    "aten.mul.Tensor": _binary(np.multiply),
+    "aten.div.Tensor": _binary(np.true_divide),
+    "aten.add.Scalar": _binary(np.add),
+    "aten.sub.Scalar": _binary(np.subtract),
+    "aten.mul.Scalar": _binary(np.multiply),
+    "aten.div.Scalar": _binary(np.true_divide),
+    "aten.pow.Tensor_Scalar": _pow,
+    "aten.mm.default": _mm,
+    "aten.bmm.default": _mm,
+    "aten.addmm.default": _addmm,
+    "aten.linear.default": _linear,
+    "aten.convolution.default": _conv,
+    "aten.max_pool2d_with_indices.default": _max_pool,
+    "aten.max_pool2d.default": _max_pool,
+    "aten.avg_pool2d.default": _avg_pool,
+    "aten._adaptive_avg_pool2d.default": _adaptive_avg_pool,
+    "aten.mean.dim": _reduction("mean"),
+    "aten.sum.dim_IntList": _reduction("sum"),
+    "aten.amax.default": _reduction("amax"),
+    "aten._softmax.default": _softmax(log=False),
+    "aten._log_softmax.default": _softmax(log=True),
+    "aten.native_layer_norm.default": _layer_norm,
+    "aten.clone.default": _copy,
+    "aten._to_copy.default": _copy,
+    "aten.copy.default": _copy,
+    "aten.cat.default": _cat,
+    "aten.constant_pad_nd.default": _constant_pad,
+}  # type: Dict[str, Callable[..., Run]]
+
+# Scratch each kernel needs besides its outputs (shapes in the first output's dtype); absent means none.
+SCRATCH = {
+    "aten.silu.default": lambda outs, args, kwargs: [tuple(outs[0].shape)],
+    "aten.hardswish.default": lambda outs, args, kwargs: [tuple(outs[0].shape)],
+    "aten.gelu.default": lambda outs, args, kwargs: [tuple(outs[0].shape)] * 2,
+    "aten.add.Tensor": _binary_scratch,
+    "aten.sub.Tensor": _binary_scratch,
+    "aten.convolution.default": _conv_scratch,
+    "aten.max_pool2d_with_indices.default": _max_pool_scratch,
+    "aten.max_pool2d.default": _max_pool_scratch,
+    "aten.avg_pool2d.default": _avg_pool_scratch,
+    "aten._softmax.default": _softmax_scratch,
+    "aten._log_softmax.default": _softmax_scratch,
+    "aten.native_layer_norm.default": _layer_norm_scratch,
+}  # type: Dict[str, Callable[[List[Any], List[Any], Dict[str, Any]], Shapes]]
+
+
+def scratch_shapes(op: str, outs: Sequence[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
+    """The scratch buffers `op` needs for these arguments (raises Unsupported for what no kernel handles)."""
+    if op not in KERNELS:
+        raise Unsupported("no kernel for {}".format(op))
+    function = SCRATCH.get(op)
+    return [tuple(int(n) for n in shape) for shape in function(list(outs), args, kwargs)] if function else []
