@@ -1,0 +1,275 @@
+"""Benchmark a bundle on the board: a timing loop with TFLite-style stop rules, latency statistics, peak memory.
+
+    from edgedyn.runtime.bench import BenchConfig, run_benchmark
+    report = run_benchmark("tiny.edgedyn", BenchConfig(iterations=50, duration_s=1.0))
+
+Standard library and numpy only, Python 3.8 syntax: this file runs on the board. The clock is a parameter, so
+the stop rules can be tested with a fake one.
+"""
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edgedyn.runtime import sysinfo
+from edgedyn.runtime.errors import EdgedynError, GuardError
+
+Clock = Callable[[], float]
+# on_progress(phase, iterations done, elapsed seconds); called between timed calls, never inside one.
+OnProgress = Callable[[str, int, float], None]
+
+# Above this coefficient of variation the median still holds, but the machine was busy or throttling.
+HIGH_CV = 0.10
+PROGRESS_EVERY_S = 0.1
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a timing loop ends, as in TFLite's benchmark_model: at least `min_iterations` runs and at least
+    `min_seconds`, but never past `max_seconds` (or `max_iterations`), and always at least one run."""
+
+    min_iterations: int = 50
+    min_seconds: float = 1.0
+    max_seconds: float = 60.0
+    max_iterations: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if type(self.min_iterations) is not int or self.min_iterations < 1:
+            raise EdgedynError("iterations: expected an integer >= 1, got {!r}".format(self.min_iterations))
+        if self.min_seconds < 0:
+            raise EdgedynError("duration: expected seconds >= 0, got {!r}".format(self.min_seconds))
+        if self.max_seconds <= 0 or self.max_seconds < self.min_seconds:
+            raise EdgedynError("max duration: expected seconds > 0 and >= the duration ({}), got {!r}".format(
+                self.min_seconds, self.max_seconds), hint="raise --max-duration or lower --duration")
+        if self.max_iterations is not None and self.max_iterations < self.min_iterations:
+            raise EdgedynError("max iterations: expected at least the iterations ({}), got {!r}".format(
+                self.min_iterations, self.max_iterations))
+
+    def done(self, iterations: int, elapsed: float) -> bool:
+        if iterations < 1:
+            return False
+        if elapsed >= self.max_seconds or (self.max_iterations is not None and iterations >= self.max_iterations):
+            return True
+        return iterations >= self.min_iterations and elapsed >= self.min_seconds
+
+
+def time_calls(call: Callable[[], Any], rule: StopRule, clock: Clock = time.perf_counter,
+               on_progress: Optional[Callable[[int, float], None]] = None) -> List[float]:
+    """Calls `call` until `rule` is met and returns each call's duration in seconds."""
+    samples = []  # type: List[float]
+    started = clock()
+    next_report = PROGRESS_EVERY_S
+    elapsed = 0.0
+    while not rule.done(len(samples), elapsed):
+        before = clock()
+        call()
+        after = clock()
+        samples.append(after - before)
+        elapsed = after - started
+        if on_progress is not None and elapsed >= next_report:
+            on_progress(len(samples), elapsed)
+            next_report = elapsed + PROGRESS_EVERY_S
+    return samples
+
+
+def latency_stats(samples_s: Sequence[float]) -> Dict[str, float]:
+    """min / mean / median / p90 / p95 / p99 / max / std of durations, in milliseconds."""
+    if not len(samples_s):
+        raise ValueError("no samples to summarize")
+    ms = np.asarray(samples_s, dtype=np.float64) * 1000.0
+    p90, p95, p99 = np.percentile(ms, [90, 95, 99])
+    return {"min": float(ms.min()), "mean": float(ms.mean()), "median": float(np.median(ms)), "p90": float(p90),
+            "p95": float(p95), "p99": float(p99), "max": float(ms.max()), "std": float(ms.std())}
+
+
+def peak_rss_mb() -> Optional[float]:
+    """The process's peak resident memory in MiB: VmHWM from /proc/self/status, else getrusage."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Note: ru_maxrss is in KiB on Linux, in bytes on macOS.
+    return peak / (1024.0 * 1024.0) if platform.system() == "Darwin" else peak / 1024.0
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What `edgedyn bench` was asked to do."""
+
+    warmup: int = 5
+    iterations: int = 50
+    duration_s: float = 1.0
+    max_duration_s: float = 60.0
+    threads: Optional[int] = None
+    specialization: Optional[str] = None
+    inputs: Optional[str] = None  # path of an .npz with one array per input name
+    random_inputs: bool = False
+    seed: int = 0
+    rule: StopRule = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if type(self.warmup) is not int or self.warmup < 0:
+            raise EdgedynError("warmup: expected an integer >= 0, got {!r}".format(self.warmup))
+        if self.threads is not None and self.threads < 1:
+            raise EdgedynError("threads: expected an integer >= 1, got {!r}".format(self.threads),
+                               hint="leave --threads out to let the backend choose")
+        if self.inputs is not None and self.random_inputs:
+            raise EdgedynError("--inputs and --random-inputs both given; choose one")
+        object.__setattr__(self, "rule", StopRule(self.iterations, self.duration_s, self.max_duration_s))
+
+
+def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgress] = None,
+                  clock: Clock = time.perf_counter) -> Dict[str, Any]:
+    """Loads the bundle, times one specialization as `config` says and returns the report (JSON-ready)."""
+    from edgedyn.runtime.program import load
+
+    report_progress = on_progress or (lambda phase, done, elapsed: None)
+    report_progress("loading", 0, 0.0)
+    started = clock()
+    program = load(path, threads=config.threads)
+    init_ms = (clock() - started) * 1000.0
+    spec, values, source = _choose_inputs(program, config)
+
+    def call() -> Any:
+        return program(**values)
+
+    report_progress("first inference", 0, 0.0)
+    started = clock()
+    call()
+    first_ms = (clock() - started) * 1000.0
+    if config.warmup:
+        report_progress("warm-up", 0, 0.0)
+        time_calls(call, StopRule(config.warmup, 0.0, config.max_duration_s), clock,
+                   lambda done, elapsed: report_progress("warm-up", done, elapsed))
+    report_progress("timing", 0, 0.0)
+    samples = time_calls(call, config.rule, clock, lambda done, elapsed: report_progress("timing", done, elapsed))
+    report_progress("guard overhead", 0, 0.0)
+    guard_samples = time_calls(lambda: program.dispatch(**values), StopRule(200, 0.05, 1.0, 100000), clock)
+    stats = latency_stats(samples)
+    cv = stats["std"] / stats["mean"] if stats["mean"] > 0 else 0.0
+    warnings = []
+    if cv > HIGH_CV:
+        warnings.append("latency varies a lot (coefficient of variation {:.0%}): another process, power saving or "
+                        "thermal throttling; close other work, fix the clocks or run longer with --duration".format(cv))
+    if len(samples) < config.iterations:
+        warnings.append("stopped after {} of {} iterations: --max-duration {:g} s reached".format(
+            len(samples), config.iterations, config.max_duration_s))
+    manifest = program.manifest
+    return {
+        "model": manifest["model"]["name"],
+        "board": manifest["board"]["name"],
+        "bundle": str(path),
+        "bundle_sha256": program.bundle.sha256,
+        "backend": spec.artifact["backend"],
+        "specialization": spec.name,
+        "specializations": [s.name for s in program.specializations],
+        "inputs": {"source": source, "arrays": _describe_values(values)},
+        "threads": config.threads,
+        "warmup": config.warmup,
+        "stop_rule": {"min_iterations": config.rule.min_iterations, "min_seconds": config.rule.min_seconds,
+                      "max_seconds": config.rule.max_seconds},
+        "iterations": len(samples),
+        "duration_s": float(sum(samples)),
+        "init_ms": init_ms,
+        "executor_init_ms": program.init_ms,
+        "first_inference_ms": first_ms,
+        "latency_ms": stats,
+        "throughput_per_s": 1000.0 / stats["mean"] if stats["mean"] > 0 else float("inf"),
+        "cv": cv,
+        "guard_overhead_us": float(np.median(guard_samples)) * 1e6,
+        "peak_rss_mb": peak_rss_mb(),
+        "warnings": warnings,
+        "env": sysinfo.environment(spec.executor.describe()),
+    }
+
+
+def _choose_inputs(program: Any, config: BenchConfig) -> Tuple[Any, Dict[str, Any], str]:
+    """The specialization to time, the arguments to time it with, and where those came from."""
+    names = [s.name for s in program.specializations]
+    chosen = None
+    if config.specialization is not None:
+        matches = [s for s in program.specializations if s.name == config.specialization]
+        if not matches:
+            raise EdgedynError("bundle has no specialization '{}'; choose from: {}".format(
+                config.specialization, ", ".join(names)))
+        chosen = matches[0]
+    if config.inputs is None:
+        spec = chosen or program.specializations[0]
+        values, _ = program.reference(spec)
+        if config.random_inputs:
+            values = dict(values, **random_inputs(spec, np.random.default_rng(config.seed)))
+            return spec, values, "random (seed {})".format(config.seed)
+        return spec, values, "reference"
+    values = _load_npz(program, config.inputs, chosen or program.specializations[0])
+    spec, values = program.dispatch(**values)
+    if chosen is not None and spec is not chosen:
+        raise GuardError("the arrays in {} match specialization '{}', not '{}' asked for with --specialization".format(
+            config.inputs, spec.name, chosen.name), hint="leave --specialization out or pass arrays that match it")
+    return spec, values, config.inputs
+
+
+def random_inputs(spec: Any, rng: "np.random.Generator") -> Dict[str, np.ndarray]:
+    """Fresh arrays of the specialization's input shapes and dtypes: never all zeros, which some kernels skip."""
+    arrays = {}
+    for record in spec.record["inputs"]:
+        shape, dtype = tuple(record["shape"]), np.dtype(record["dtype"])
+        if dtype == np.bool_:
+            array = rng.integers(0, 2, size=shape).astype(np.bool_)
+        elif np.issubdtype(dtype, np.integer):
+            array = rng.integers(1, 10, size=shape).astype(dtype)
+        else:
+            array = rng.standard_normal(size=shape).astype(dtype)
+        arrays[record["name"]] = array
+    return arrays
+
+
+def _load_npz(program: Any, path: str, spec: Any) -> Dict[str, Any]:
+    """Arguments from an .npz: one array per input name (`x` or `input.x`); constants default to the bundle's."""
+    if not os.path.isfile(path):
+        raise EdgedynError("inputs file {} does not exist".format(path),
+                           hint="save one with numpy.savez(path, {}=array)".format(spec.inputs[0] if spec.inputs
+                                                                                   else "x"))
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key[len("input."):] if key.startswith("input.") else key: data[key] for key in data.files}
+    except (OSError, ValueError) as error:
+        raise EdgedynError("cannot read inputs file {}: {}".format(path, error),
+                           hint="write it with numpy.savez; pickled objects are refused")
+    known = [p["name"] for p in program.signature]
+    unknown = sorted(set(arrays) - set(known))
+    if unknown:
+        raise EdgedynError("inputs file {} has array(s) {} that the model does not take; its arguments are: {}".format(
+            path, ", ".join(unknown), ", ".join(known)))
+    values = dict(spec.record["constants"])
+    for param in program.signature:
+        value = arrays.get(param["name"])
+        if value is not None and param["kind"] != "tensor" and value.ndim == 0:
+            value = value.item()  # a specialized Python scalar saved as a 0-d array
+        if value is not None:
+            values[param["name"]] = value
+    missing = [name for name in spec.inputs if name not in arrays]
+    if missing:
+        raise EdgedynError("inputs file {} lacks array(s) for input(s): {}".format(path, ", ".join(missing)),
+                           hint="save one array per tensor input, named as the model's arguments")
+    return values
+
+
+def _describe_values(values: Dict[str, Any]) -> Dict[str, Any]:
+    described = {}  # type: Dict[str, Any]
+    for name, value in values.items():
+        if isinstance(value, np.ndarray):
+            described[name] = {"shape": list(value.shape), "dtype": str(value.dtype)}
+        else:
+            described[name] = {"value": value}
+    return described
