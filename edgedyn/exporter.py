@@ -8,32 +8,41 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 import edgedyn
-from edgedyn.backends import Artifact, get_backend
-from edgedyn.boards import Board, load_board
+from edgedyn.backends import Artifact
+from edgedyn.boards import Board, Target, load_board
 from edgedyn.bundle import BundleWriter
-from edgedyn.errors import BackendError
+from edgedyn.errors import BackendError, EdgedynError, MissingDependencyError
 from edgedyn.frontend import Captured, Specialization, capture
 from edgedyn.passes import PIPELINES, run_pipeline
 from edgedyn.passes.graph import op_count
 from edgedyn.runtime.format import SUFFIX, host_arch, pack_arrays
+from edgedyn.runtime.program import DEVICES, unusable_reason
+from edgedyn.selection import AUTO, check_backend_name, choose
 
 Progress = Callable[[str], None]
+PRECISIONS = ("fp32", "fp16")
 
 
 def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
-           output: Optional[Union[str, Path]] = None, backend: str = "tvm", inputs: Optional[Sequence[str]] = None,
-           pipeline: str = "default", verify: bool = True, progress: Optional[Progress] = None) -> Path:
+           output: Optional[Union[str, Path]] = None, backend: str = AUTO, inputs: Optional[Sequence[str]] = None,
+           pipeline: str = "default", device: str = "auto", precision: str = "fp32", verify: bool = True,
+           progress: Optional[Progress] = None) -> Path:
     """Exports `model` for `board` into one bundle file and returns its path.
 
     `model`: an nn.Module (instance, class or zero-argument factory), a function, or "path.py:name".
     `example_inputs`: a tuple or dict of inputs, or a list of them for several specializations;
     `inputs`: `--input` strings instead (e.g. ["x=1x3x224x224", "x=8x3x224x224"]).
+    `backend`: a registered backend, or "auto" to measure them here or follow the board's preference
+    (edgedyn/selection.py). `device`: on a board with a GPU, "auto" bundles GPU code first and the CPU artifact
+    as the fallback the runtime uses when the GPU cannot run; "gpu" or "cpu" builds only that one.
+    `precision`: "fp16" computes GPU artifacts in half precision (accuracy recorded in the manifest).
     With `verify`, a bundle this machine can run is checked against torch eager before it is returned.
     """
     step = progress or (lambda message: None)
     target_board = load_board(board)
-    lower = get_backend(backend)
+    check_backend_name(backend)
     target = target_board.target("cpu")
+    gpu_target = _gpu_target(target_board, backend, device, precision)
     step("capturing {}".format(model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)))
     captured = capture(model, example_inputs, inputs=inputs)
     writer = BundleWriter()
@@ -41,26 +50,76 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     for index, spec in enumerate(captured.specializations):
         step("optimizing {} ({})".format(spec.name, pipeline))
         optimized = run_pipeline(spec.program, pipeline)
-        step("building {} with {} for {}".format(spec.name, backend, target.name))
-        artifact = lower(optimized, target_board, target, spec.tensor_inputs)
-        records.append(_specialization_record(writer, index, spec, optimized, artifact))
+        artifacts = []
+        if gpu_target is not None:
+            gpu = _gpu_artifact(optimized, target_board, gpu_target, spec, precision, device, step)
+            artifacts += [gpu] if gpu is not None else []
+        if device != "gpu":
+            artifacts.append(choose(backend, optimized, target_board, target, spec, progress=step))
+        records.append(_specialization_record(writer, index, spec, optimized, artifacts))
     path = Path(output) if output else Path("{}-{}{}".format(captured.name, target_board.name, SUFFIX))
     step("writing {}".format(path))
-    writer.write(path, _manifest(captured, target_board, records, model, pipeline))
-    if verify and all(a["arch"] in (None, host_arch()) for r in records for a in r["artifacts"]):
+    fit = _check_fit(target_board, records, writer)
+    writer.write(path, dict(_manifest(captured, target_board, records, model, pipeline), fit=fit))
+    if verify and all(any(unusable_reason(a, host_arch(), "auto") is None for a in r["artifacts"]) for r in records):
         step("verifying {} on this machine".format(path.name))
         _verify_or_fail(path)
     return path
 
 
-def _specialization_record(writer: BundleWriter, index: int, spec: Specialization, optimized: Any,
-                           artifact: Artifact) -> Dict[str, Any]:
-    prefix = "specs/{}".format(index)
-    files = {role: writer.add("{}/{}-{}/{}".format(prefix, artifact.backend, artifact.device,
-                                                   artifact.file_names[role]), data)
-             for role, data in sorted(artifact.files.items())}
+def _gpu_target(board: Board, backend: str, device: str, precision: str) -> Optional[Target]:
+    """The CUDA target to build GPU code for, or None (no GPU on the board, or a CPU-only choice)."""
+    if device not in DEVICES:
+        raise EdgedynError("unknown device '{}'; choose from: {}".format(device, ", ".join(DEVICES)))
+    if precision not in PRECISIONS:
+        raise EdgedynError("unknown precision '{}'; choose from: {}".format(precision, ", ".join(PRECISIONS)))
+    wants_gpu = device != "cpu" and board.gpu_target is not None and backend in (AUTO, "tvm")
+    if device == "gpu" and not wants_gpu:
+        raise EdgedynError(
+            "--device gpu needs a board with a GPU and a backend that builds GPU code (tvm); board '{}' and "
+            "backend '{}' have none".format(board.name, backend),
+            hint="use --board jetson-nano / jetson-xavier-nx / jetson-orin-nano with --backend tvm or auto; "
+                 "for onnxruntime's TensorRT/CUDA providers on a Jetson use --backend onnxruntime")
+    if precision != "fp32" and not wants_gpu:
+        raise EdgedynError("--precision {} applies to GPU artifacts, and this export builds none".format(precision),
+                           hint="export for a Jetson board with --backend tvm or auto, or drop --precision")
+    return board.target("gpu") if wants_gpu else None
+
+
+def _gpu_artifact(program: Any, board: Board, target: Target, spec: Specialization, precision: str, device: str,
+                  step: Progress) -> Optional[Artifact]:
+    """TVM CUDA code for the board's GPU; under --device auto a missing GPU toolchain only drops the GPU artifact."""
+    from edgedyn.backends.tvm import lower_cuda
+
+    step("building {} with tvm for {} ({})".format(spec.name, target.name, precision))
+    reference = pack_arrays(_reference_arrays(spec))
+    try:
+        artifact = lower_cuda(program, target, spec.tensor_inputs, precision, reference)
+    except MissingDependencyError as error:
+        if device == "gpu":
+            raise
+        step("no GPU artifact: {} ({})".format(error.message, error.hint))
+        return None
+    return artifact
+
+
+def _reference_arrays(spec: Specialization) -> Dict[str, np.ndarray]:
     reference = {"input." + name: tensor.numpy() for name, tensor in zip(spec.tensor_inputs, spec.example_tensors)}
     reference.update({"output.{}".format(i): array for i, array in enumerate(spec.reference_outputs)})
+    return reference
+
+
+def _specialization_record(writer: BundleWriter, index: int, spec: Specialization, optimized: Any,
+                           artifacts: List[Artifact]) -> Dict[str, Any]:
+    prefix = "specs/{}".format(index)
+    records = []
+    for artifact in artifacts:
+        files = {role: writer.add("{}/{}-{}/{}".format(prefix, artifact.backend, artifact.device,
+                                                       artifact.file_names[role]), data)
+                 for role, data in sorted(artifact.files.items())}
+        records.append(dict(artifact.meta, backend=artifact.backend, executor=artifact.executor,
+                            device=artifact.device, arch=artifact.arch, target=artifact.target, files=files))
+    fallback = artifacts[-1]
     return {
         "name": spec.name,
         "guards": spec.guards,
@@ -69,10 +128,40 @@ def _specialization_record(writer: BundleWriter, index: int, spec: Specializatio
         "outputs": [_tensor_record("output_{}".format(i), array) for i, array in enumerate(spec.reference_outputs)],
         "output_tree": spec.output_tree,
         "graph": {"ops_captured": op_count(spec.program.graph_module), "ops_optimized": op_count(optimized.graph_module)},
-        "artifacts": [dict(artifact.meta, backend=artifact.backend, executor=artifact.executor, device=artifact.device,
-                           arch=artifact.arch, target=artifact.target, files=files)],
-        "reference": writer.add("{}/reference.npz".format(prefix), pack_arrays(reference)),
+        "artifacts": records,
+        "reference": writer.add("{}/reference.npz".format(prefix), pack_arrays(_reference_arrays(spec))),
+        "memory": _memory_record(writer, prefix, optimized, fallback, records[-1]["files"]),
     }
+
+
+def _memory_record(writer: BundleWriter, prefix: str, optimized: Any, artifact: Artifact,
+                   files: Dict[str, str]) -> Dict[str, Any]:
+    """The memory plan summary: the executor's own when its backend planned an arena, else the graph's."""
+    import json
+
+    from edgedyn.passes.memory_plan import plan_program
+
+    if "plan" in files and "memory" in artifact.meta:
+        return dict(artifact.meta["memory"], plan=files["plan"], source=artifact.backend)
+    plan = plan_program(optimized)
+    member = writer.add("{}/memory_plan.json".format(prefix), json.dumps(plan.to_dict(), sort_keys=True).encode())
+    return dict(plan.summary(), plan=member, source="graph")
+
+
+def _check_fit(board: Board, records: List[Dict[str, Any]], writer: BundleWriter) -> Dict[str, Any]:
+    """Fails when the bundle would not fit the board's memory budget (edgedyn/fit.py), warns when close."""
+    import warnings
+
+    from edgedyn import fit
+
+    artifacts = [r["artifacts"][-1] for r in records]  # the CPU fallback: the artifact every board can run
+    report = fit.estimate(board, artifacts[0]["executor"], sum(len(data) for data in writer.members.values()),
+                          [sum(len(writer.members[m]) for role, m in a["files"].items() if role != "plan")
+                           for a in artifacts], [r["memory"]["arena_bytes"] for r in records])
+    warning = fit.check_fit(report, len(records))
+    if warning:
+        warnings.warn(warning, fit.FitWarning, stacklevel=3)
+    return report.to_dict()
 
 
 def _tensor_record(name: str, array: np.ndarray) -> Dict[str, Any]:

@@ -15,7 +15,7 @@ from conftest import EXAMPLES
 def test_export_verify_inspect_tiny_cnn(run_cli, tmp_path):
     bundle = tmp_path / "tiny.edgedyn"
     exported = run_cli("export", str(EXAMPLES / "tiny_cnn.py") + ":TinyCNN", "--board", "x86-64",
-                       "--input", "x=1x3x64x64", "-o", str(bundle))
+                       "--input", "x=1x3x64x64", "--backend", "tvm", "-o", str(bundle))
     assert exported.returncode == 0, exported.stderr
     assert exported.stdout.strip() == str(bundle)  # data on stdout, progress on stderr
     assert "exported TinyCNN for x86-64 (tvm): 1 specialization(s) [x=1x3x64x64]" in exported.stderr
@@ -70,7 +70,11 @@ def test_verify_exits_1_when_outputs_differ(run_cli, export_example, tmp_path):
      "error: cannot read --input x=1x3xx", "hint: give a shape like x=1x3x224x224"),
     (["export", "examples/nothing.py:Net"], "error: model file examples/nothing.py does not exist", "hint:"),
     (["export", "examples/tiny_cnn.py:TinyCNN", "--backend", "tvmm"],
-     "error: unknown backend 'tvmm'; choose from: tvm", None),
+     "error: unknown backend 'tvmm'; choose from: auto, onnxruntime, portable, tflite, tvm", "hint: did you mean 'tvm'?"),
+    (["export", "examples/tiny_cnn.py:TinyCNN", "--device", "gpu"],
+     "error: --device gpu needs a board with a GPU and a backend that builds GPU code (tvm)", "hint: use --board jetson"),
+    (["export", "examples/tiny_cnn.py:TinyCNN", "--precision", "fp16"],
+     "error: --precision fp16 applies to GPU artifacts, and this export builds none", "hint:"),
     (["verify", "missing.edgedyn"], "error: bundle missing.edgedyn does not exist", "hint: create one with"),
 ])
 def test_user_errors_are_one_line_without_traceback(run_cli, args, error, hint):

@@ -10,6 +10,9 @@ from typing import Any, Callable, Dict, Optional
 from edgedyn.errors import EdgedynError
 
 BACKENDS = {
+    "onnxruntime": "edgedyn.backends.onnxruntime:lower",
+    "portable": "edgedyn.backends.portable:lower",
+    "tflite": "edgedyn.backends.tflite:lower",
     "tvm": "edgedyn.backends.tvm:lower",
 }
 

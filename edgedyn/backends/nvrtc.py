@@ -32,9 +32,11 @@ def _library() -> ctypes.CDLL:
 def _include_dirs() -> List[str]:
     try:
         import nvidia.cuda_cccl as cccl
+        import nvidia.cuda_runtime as cudart
     except ImportError:
-        raise MissingDependencyError("building GPU code needs the CCCL headers (cuda/std/...)", hint=_INSTALL_HINT)
-    return [os.path.join(list(cccl.__path__)[0], "include")]
+        raise MissingDependencyError("building GPU code needs the CUDA headers (cuda/std/..., cuda_fp16.h)",
+                                     hint=_INSTALL_HINT)
+    return [os.path.join(list(package.__path__)[0], "include") for package in (cccl, cudart)]
 
 
 def version() -> str:

@@ -110,6 +110,7 @@ def lower_cuda(program: Any, target: Target, tensor_inputs: List[str], precision
     """Builds GPU code for a CUDA target in a separate process (see gpu_worker.py) and checks it is really there."""
     import torch
 
+    _require_gpu_toolchain()
     arch = target.tvm["arch"]
     with tempfile.TemporaryDirectory(prefix="edgedyn-cuda-") as workdir:
         work = Path(workdir)
@@ -151,6 +152,20 @@ def lower_cuda(program: Any, target: Target, tensor_inputs: List[str], precision
                     files={"library": library, "weights": weights, "kernels": ptx},
                     file_names={"library": "model.so", "weights": "weights.npz", "kernels": "kernels.ptx"},
                     meta=meta)
+
+
+def _require_gpu_toolchain() -> None:
+    import importlib.util
+
+    for module, extra in (("tvm", "tvm"), ("nvidia.cuda_nvrtc", "cuda"), ("nvidia.cuda_cccl", "cuda"),
+                          ("nvidia.cuda_runtime", "cuda")):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:
+            found = False
+        if not found:
+            raise MissingDependencyError("building GPU code needs {}, which is not installed".format(module),
+                                         hint="pip install 'edgedyn[{}]'".format(extra))
 
 
 def check_device_code(library: bytes, ptx: bytes, arch: str) -> Dict[str, Any]:

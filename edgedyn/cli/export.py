@@ -18,7 +18,13 @@ def export_command(
                               "Repeat a name for another specialization, e.g. -i x=1x3x64x64 -i x=8x3x64x64. "
                               "Default: the model file's example_inputs().")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Bundle file to write.")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="Compiler backend.")] = "tvm",
+    backend: Annotated[str, typer.Option("--backend", help="tvm|onnxruntime|tflite|portable|auto. auto: on this "
+                                          "machine's own board, build each installed backend, verify and time it "
+                                          "and keep the fastest; for another board, follow its backends.preference.")]
+    = "auto",
+    device: Annotated[str, typer.Option(help="auto: on a board with a GPU, GPU code first and the CPU artifact as "
+                                             "fallback; gpu or cpu: only that one.")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32, or fp16 for GPU artifacts (accuracy is recorded).")] = "fp32",
     pipeline: Annotated[str, typer.Option("--pipeline", help="Pass pipeline (default, none).")] = "default",
     verify: Annotated[bool, typer.Option(help="Check the bundle against torch eager when this machine can run it.")]
     = True,
@@ -29,10 +35,11 @@ def export_command(
 
     with progress("export") as step:
         path = export(model, board=board, output=output, backend=backend, inputs=input_ or None,
-                      pipeline=pipeline, verify=verify, progress=step)
+                      pipeline=pipeline, device=device, precision=precision, verify=verify, progress=step)
     bundle = Bundle(path)
     specs = bundle.manifest["specializations"]
+    chosen = sorted({a["backend"] for s in specs for a in s["artifacts"]})  # what auto picked, when it did
     err.print("exported {} for {} ({}): {} specialization(s) [{}], {}".format(
-        bundle.manifest["model"]["name"], bundle.manifest["board"]["name"], backend, len(specs),
+        bundle.manifest["model"]["name"], bundle.manifest["board"]["name"], ", ".join(chosen), len(specs),
         ", ".join(s["name"] for s in specs), human_bytes(path.stat().st_size)))
     out.print(str(path))

@@ -6,6 +6,7 @@ from typing import List, Optional
 import typer
 
 from edgedyn.cli import boards
+from edgedyn.cli.bench import bench_command
 from edgedyn.cli.export import export_command
 from edgedyn.cli.inspect import inspect_command
 from edgedyn.cli.verify import verify_command
@@ -20,6 +21,7 @@ app = typer.Typer(
 app.command("export")(export_command)
 app.command("verify")(verify_command)
 app.command("inspect")(inspect_command)
+app.command("bench")(bench_command)
 app.add_typer(boards.app, name="boards")
 
 # Commands that run on the board: they never compile, so TVM may load its runtime library alone.

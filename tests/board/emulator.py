@@ -84,11 +84,13 @@ class BoardImage:
 
 
 # A Raspberry Pi 4/5 on Raspberry Pi OS bookworm: pyproject's base dependencies with numpy from the wheel,
-# plus its [tvm] extra (FACTS.md: apache-tvm-ffi 0.1.15 segfaults, hence the pin).
+# plus its [tvm] extra (FACTS.md: apache-tvm-ffi 0.1.15 segfaults, hence the pin) and [onnxruntime] and [litert]
+# extras.
 PI_BOOKWORM = BoardImage(
     "bookworm",
     wheels=("numpy<2.3", "typer", "rich", "typing_extensions",
-            "apache-tvm==0.27.0.post1", "apache-tvm-ffi==0.1.14.post1"),
+            "apache-tvm==0.27.0.post1", "apache-tvm-ffi==0.1.14.post1", "onnxruntime>=1.16",
+            "ai-edge-litert>=2.3"),
 )
 
 # An old board: Python 3.9 with Debian's numpy 1.19. The other base dependencies are pure Python and resolve

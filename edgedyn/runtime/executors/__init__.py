@@ -11,6 +11,9 @@ from edgedyn.runtime.errors import BundleError
 
 # Note: module paths as strings, so that `import edgedyn.runtime` loads no backend runtime.
 EXECUTORS = {
+    "litert": "edgedyn.runtime.executors.litert:LiteRtExecutor",
+    "onnxruntime": "edgedyn.runtime.executors.onnxruntime:OnnxRuntimeExecutor",
+    "portable": "edgedyn.runtime.executors.portable:PortableExecutor",
     "tvm": "edgedyn.runtime.executors.tvm:TvmExecutor",
 }
 

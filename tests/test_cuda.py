@@ -1,0 +1,114 @@
+"""GPU artifacts for the Jetsons, built without a GPU: real device code for each arch, or a loud failure."""
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from edgedyn.backends.tvm import check_device_code, lower
+from edgedyn.boards import load_board
+from edgedyn.errors import BackendError
+from edgedyn.frontend import capture
+from edgedyn.passes import run_pipeline
+from edgedyn.runtime import devices
+
+pytest.importorskip("tvm")
+pytest.importorskip("nvidia.cuda_nvrtc", reason="GPU builds need pip install 'edgedyn[cuda]'")
+
+JETSONS = {"jetson-nano": "sm_53", "jetson-xavier-nx": "sm_72", "jetson-orin-nano": "sm_87"}
+
+
+@pytest.fixture(scope="module")
+def small_cnn():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(8, 4)).eval()
+    (spec,) = capture(model, (torch.randn(1, 3, 16, 16),)).specializations
+    return run_pipeline(spec.program), spec.tensor_inputs
+
+
+@pytest.fixture(scope="module")
+def gpu_artifacts(small_cnn):
+    program, inputs = small_cnn
+    return {board: lower(program, load_board(board), load_board(board).target("gpu"), inputs) for board in JETSONS}
+
+
+@pytest.mark.parametrize("board, arch", sorted(JETSONS.items()))
+def test_gpu_artifact_holds_ptx_for_the_boards_arch(gpu_artifacts, board, arch):
+    artifact = gpu_artifacts[board]
+    gpu = artifact.meta["gpu"]
+    assert (artifact.device, artifact.arch, gpu["arch"], gpu["code_format"]) == ("cuda", "aarch64", arch, "ptx")
+    assert gpu["ptx_target"] == arch and gpu["kernels"] >= 2
+    assert gpu["ptx_isa"] == "8.5" and gpu["min_cuda_driver"] == "12.6"
+    ptx = artifact.files["kernels"]
+    assert b".target " + arch.encode() in ptx and b".entry" in ptx
+    library = artifact.files["library"]
+    assert library[:4] == b"\x7fELF" and int.from_bytes(library[18:20], "little") == 183  # aarch64 host code
+    assert ptx[:2000] in library  # the device code travels inside the library the TVM runtime loads
+
+
+def test_ptxas_assembles_the_sm87_ptx(gpu_artifacts, tmp_path):
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("ptxas (CUDA toolkit) is not installed here")
+    source = tmp_path / "kernels.ptx"
+    source.write_bytes(gpu_artifacts["jetson-orin-nano"].files["kernels"])
+    done = subprocess.run([ptxas, "-arch=sm_87", str(source), "-o", str(tmp_path / "kernels.cubin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "kernels.cubin").stat().st_size > 0
+
+
+def test_maxwell_ptx_is_real_maxwell_code(gpu_artifacts):
+    # PTX for sm_53 may use warp shuffles without .sync, which only pre-Volta targets accept: it was generated for
+    # the Nano, not relabelled from a newer arch.
+    assert b".target sm_53" in gpu_artifacts["jetson-nano"].files["kernels"]
+
+
+@pytest.mark.parametrize("ptx, library, message", [
+    (b"", b"\x7fELF host code only", "produced no device code for it"),
+    (b"//\n.version 8.5\n.target sm_87\n.visible .entry k()\n{\n}\n", b"\x7fELF", "produced no device code for it"),
+    (b"//\n.version 8.5\n.target sm_53\n.address_size 64\n", b"\x7fELF", "produced no device code for it"),
+    (b"//\n.version 8.5\n.target sm_53\n.visible .entry k()\n{\n}\n", b"\x7fELF without it",
+     "does not embed the PTX"),
+])
+def test_missing_device_code_fails_loudly(ptx, library, message):
+    with pytest.raises(BackendError, match=message):
+        check_device_code(library, ptx, "sm_53")
+
+
+@pytest.mark.parametrize("driver, artifact, reason", [
+    ({"available": False, "reason": "no NVIDIA driver (libcuda.so.1 not found)", "devices": []}, {},
+     "no NVIDIA driver (libcuda.so.1 not found)"),
+    ({"available": True, "driver_version": "10.2", "devices": [{"name": "NVIDIA Tegra X1", "compute_capability": "5.3"}]},
+     {"requires": {"cuda_driver": "12.6", "compute_capability": "5.3"}, "gpu": {"arch": "sm_53", "ptx_isa": "8.5"}},
+     "the CUDA driver here is 10.2, the GPU code (sm_53 PTX ISA 8.5) needs 12.6 or newer"),
+    ({"available": True, "driver_version": "12.6", "devices": [{"name": "Orin", "compute_capability": "8.7"}]},
+     {"requires": {"cuda_driver": "12.6", "compute_capability": "5.3"}, "gpu": {"arch": "sm_53"}}, None),
+    ({"available": True, "driver_version": "12.8", "devices": [{"name": "Tegra X1", "compute_capability": "5.3"}]},
+     {"requires": {"cuda_driver": "12.6", "compute_capability": "8.7"}, "gpu": {"arch": "sm_87"}},
+     "the GPU here (Tegra X1, compute capability 5.3) is older than the code's 8.7"),
+])
+def test_gpu_requirements_against_the_driver(monkeypatch, driver, artifact, reason):
+    monkeypatch.setattr(devices, "_cached", driver)
+    assert devices.gpu_unusable_reason(artifact) == reason
+
+
+def test_this_machine_has_no_gpu_driver_or_reports_it():
+    driver = devices.cuda_driver()
+    assert set(driver) >= {"available", "reason", "devices"}
+    assert driver["available"] == bool(driver["devices"])
+
+
+def test_fp16_gpu_artifact_records_its_accuracy(tmp_path):
+    import edgedyn
+    import edgedyn.runtime as rt
+
+    path = edgedyn.export(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 10)),
+                          (torch.randn(4, 32),), board="jetson-orin-nano", backend="tvm", device="gpu",
+                          precision="fp16", output=tmp_path / "half.edgedyn")
+    (spec,) = rt.read_manifest(path)["specializations"]
+    (artifact,) = spec["artifacts"]
+    assert artifact["precision"] == "fp16" and artifact["gpu"]["arch"] == "sm_87"
+    (output,) = artifact["accuracy"]["outputs"]
+    # fp16 inputs and weights with fp32 accumulation: about 3 significant digits, never garbage.
+    assert 0 < output["max_rel_error"] < 1e-2 and output["cosine"] > 0.999
