@@ -27,15 +27,19 @@ def bench_command(
         "--random-inputs", help="Time fresh random data of the guarded shapes and dtypes instead.")] = False,
     json_path: Annotated[Optional[Path], typer.Option(
         "--json", help="Also write the full report as JSON to this file ('-' for stdout, without the table).")] = None,
+    device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
+    = "auto",
 ) -> None:
     """Time a bundle's inference: latency percentiles, throughput, init time, peak memory, guard overhead."""
     from edgedyn.runtime.bench import BenchConfig, run_benchmark
 
     config = BenchConfig(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
                          threads=threads, specialization=specialization,
-                         inputs=str(inputs) if inputs is not None else None, random_inputs=random_inputs)
+                         inputs=str(inputs) if inputs is not None else None, random_inputs=random_inputs,
+                         device=device)
     with _progress(bundle.name) as on_progress:
         report = run_benchmark(str(bundle), config, on_progress=on_progress)
+    err.print("using {}".format(report["selection"]))
     for warning in report["warnings"]:
         err.print("warning: {}".format(warning))
     if json_path is not None and str(json_path) == "-":

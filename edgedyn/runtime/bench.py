@@ -115,6 +115,7 @@ class BenchConfig:
     specialization: Optional[str] = None
     inputs: Optional[str] = None  # path of an .npz with one array per input name
     random_inputs: bool = False
+    device: str = "auto"  # auto: the GPU artifact when this machine can run it; or cpu, gpu
     seed: int = 0
     rule: StopRule = field(init=False, repr=False)
 
@@ -137,7 +138,7 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
     report_progress = on_progress or (lambda phase, done, elapsed: None)
     report_progress("loading", 0, 0.0)
     started = clock()
-    program = load(path, threads=config.threads)
+    program = load(path, threads=config.threads, device=config.device)
     init_ms = (clock() - started) * 1000.0
     spec, values, source = _choose_inputs(program, config)
 
@@ -172,6 +173,8 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
         "bundle": str(path),
         "bundle_sha256": program.bundle.sha256,
         "backend": spec.artifact["backend"],
+        "device": spec.artifact.get("device", "cpu"),
+        "selection": spec.selection(),
         "specialization": spec.name,
         "specializations": [s.name for s in program.specializations],
         "inputs": {"source": source, "arrays": _describe_values(values)},

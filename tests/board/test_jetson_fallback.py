@@ -56,3 +56,12 @@ def test_forcing_the_gpu_without_one_is_a_clear_error(pi_rootfs, jetson_bundles)
     assert result.returncode == 2
     assert ("no artifact of specialization x=1x3x64x64 can run here: tvm-cuda (sm_53): no NVIDIA driver "
             "(libcuda.so.1 not found); tvm-cpu: --device gpu") in result.stderr
+
+
+def test_bench_reports_which_artifact_ran_and_why(pi_rootfs, jetson_bundles):
+    result = _board_cli(pi_rootfs, "jetson-orin-nano", "bench", "--iterations", "3", "--warmup", "1",
+                        "--duration", "0", "--json", "-", str(jetson_bundles["jetson-orin-nano"]))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["device"] == "cpu" and report["board"] == "jetson-orin-nano"
+    assert "tvm-cuda (sm_87) not used: no NVIDIA driver (libcuda.so.1 not found)" in report["selection"]
