@@ -2,7 +2,7 @@
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import pytest
 
@@ -15,11 +15,19 @@ EXAMPLE_MODELS = {
     "tiny_cnn": ("tiny_cnn.py:TinyCNN", ("x=1x3x64x64",)),
     "mlp": ("mlp.py:MLP", ("x=1x64", "x=8x64")),
 }
+# The models people take to a board, beside the small examples.
+REFERENCE_MODELS = {
+    "mobilenet_v2": ("mobilenet_v2.py:MobileNetV2", ("x=1x3x96x96",)),
+    "transformer_block": ("transformer_block.py:TransformerBlock", ("x=1x32x64",)),
+}
+ALL_MODELS = dict(EXAMPLE_MODELS, **REFERENCE_MODELS)
+# fp32 backends: max |edgedyn - torch| <= RTOL * max |torch| on every output.
+RTOL = 1e-4
 
 
 @pytest.fixture(scope="session")
 def export_example(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """Exports an example once per (example, board, backend) and returns the bundle path."""
+    """Exports an example or reference model once per (model, board, backend) and returns the bundle path."""
     cache = {}  # type: Dict[Tuple[str, str, str], Path]
     directory = tmp_path_factory.mktemp("bundles")
 
@@ -28,12 +36,45 @@ def export_example(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
         if key not in cache:
             import edgedyn
 
-            reference, inputs = EXAMPLE_MODELS[example]
+            reference, inputs = ALL_MODELS[example]
             cache[key] = edgedyn.export(str(EXAMPLES / reference), inputs=list(inputs), board=board, backend=backend,
                                         output=directory / "{}-{}-{}.edgedyn".format(*key))
         return cache[key]
 
     return export
+
+
+def torch_model(name: str) -> Any:
+    """The eager model (or function) behind an example or reference model, in eval mode."""
+    import torch
+
+    from edgedyn.frontend.loading import load_reference
+
+    model, _, _ = load_reference(str(EXAMPLES / ALL_MODELS[name][0]))
+    return model.eval() if isinstance(model, torch.nn.Module) else model
+
+
+def assert_matches_torch(program: Any, name: str, seed: int = 1000, calls: int = 1) -> None:
+    """Every specialization of a loaded bundle equals torch eager on fresh random inputs (never zeros).
+
+    `calls` > 1 runs each input again, e.g. in an arena the previous call left dirty.
+    """
+    import numpy as np
+    import torch
+
+    model = torch_model(name)
+    for index, spec in enumerate(program.specializations):
+        values = dict(spec.record["constants"])
+        rng = np.random.default_rng(seed + index)
+        for record in spec.record["inputs"]:
+            values[record["name"]] = rng.standard_normal(record["shape"]).astype(np.float32)
+        for _ in range(calls):
+            actual = program(**values)
+        with torch.no_grad():
+            expected = model(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in values.items()})
+        scale = float(expected.abs().max())
+        np.testing.assert_allclose(actual, expected.numpy(), rtol=RTOL, atol=RTOL * scale,
+                                   err_msg="{} specialization {}".format(name, spec.name))
 
 
 @pytest.fixture

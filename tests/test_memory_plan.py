@@ -8,14 +8,9 @@ from edgedyn.frontend import capture
 from edgedyn.passes import run_pipeline
 from edgedyn.passes.memory_plan import MemoryPlan, Tensor, check_plan, greedy_by_size, live_peak, make_plan, plan_program
 
-from conftest import EXAMPLE_MODELS, EXAMPLES
+from conftest import ALL_MODELS, EXAMPLES
 
 # Reference models beside the examples: (model reference, --input options).
-REFERENCE_MODELS = {
-    "mobilenet_v2": ("mobilenet_v2.py:MobileNetV2", ("x=1x3x96x96",)),
-    "transformer_block": ("transformer_block.py:TransformerBlock", ("x=1x32x64",)),
-}
-ALL_MODELS = dict(EXAMPLE_MODELS, **REFERENCE_MODELS)
 
 _programs: Dict[str, List["torch.export.ExportedProgram"]] = {}
 

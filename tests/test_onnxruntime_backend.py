@@ -3,70 +3,35 @@ inputs, a portable ONNX file in the bundle, and the errors a user sees when onnx
 import ast
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Tuple
+from typing import Callable
 
-import numpy as np
 import pytest
-import torch
 
 import edgedyn
 import edgedyn.runtime as rt
 from edgedyn.backends.onnxruntime import execution_providers
 from edgedyn.boards import load_board
-from edgedyn.frontend.loading import load_reference
 from edgedyn.runtime.executors.onnxruntime import usable_providers
 
-from conftest import EXAMPLE_MODELS, EXAMPLES, REPO
+from conftest import ALL_MODELS, EXAMPLES, REPO, RTOL, assert_matches_torch
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-RTOL = 1e-4
 
-# The models people take to a board, beside the small examples every backend handles.
-REFERENCE_MODELS = {
-    "mobilenet_v2": ("mobilenet_v2.py:MobileNetV2", ("x=1x3x96x96",)),
-    "transformer_block": ("transformer_block.py:TransformerBlock", ("x=1x32x64",)),
-}
-MODELS = dict(EXAMPLE_MODELS, **REFERENCE_MODELS)
+MODELS = ALL_MODELS
 
 
 @pytest.fixture(scope="module")
-def export_onnx(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """Exports a model of MODELS with --backend onnxruntime once per (model, board)."""
-    cache: Dict[Tuple[str, str], Path] = {}
-    directory = tmp_path_factory.mktemp("onnx-bundles")
-
-    def export(name: str, board: str = "x86-64") -> Path:
-        if (name, board) not in cache:
-            reference, inputs = MODELS[name]
-            output = directory / "{}-{}.edgedyn".format(name, board)
-            cache[name, board] = edgedyn.export(str(EXAMPLES / reference), inputs=list(inputs), board=board,
-                                                backend="onnxruntime", output=output)
-        return cache[name, board]
-
-    return export
-
-
-def _fresh(shape, seed):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+def export_onnx(export_example: Callable[..., Path]) -> Callable[..., Path]:
+    """Exports a model with --backend onnxruntime once per (model, board)."""
+    return lambda name, board="x86-64": export_example(name, board=board, backend="onnxruntime")
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_model_matches_torch_on_fresh_inputs(export_onnx, name):
     program = rt.load(export_onnx(name))
-    model, _, _ = load_reference(str(EXAMPLES / MODELS[name][0]))
-    if isinstance(model, torch.nn.Module):
-        model.eval()
-    for index, spec in enumerate(program.specializations):
-        assert spec.artifact["backend"] == "onnxruntime"
-        values = dict(spec.record["constants"])
-        for offset, record in enumerate(spec.record["inputs"]):
-            values[record["name"]] = _fresh(record["shape"], seed=2000 + 10 * index + offset)
-        actual = program(**values)
-        with torch.no_grad():
-            expected = model(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in values.items()})
-        scale = float(expected.abs().max())
-        np.testing.assert_allclose(actual, expected.numpy(), rtol=RTOL, atol=RTOL * scale)
+    assert all(spec.artifact["backend"] == "onnxruntime" for spec in program.specializations)
+    assert_matches_torch(program, name, seed=2000)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -2,7 +2,6 @@
 import json
 import tracemalloc
 from pathlib import Path
-from typing import Dict
 
 import numpy as np
 import pytest
@@ -12,35 +11,19 @@ from torch import nn
 import edgedyn
 import edgedyn.runtime as rt
 from edgedyn.errors import BackendError
-from edgedyn.frontend.loading import load_reference
 from edgedyn.passes.memory_plan import MemoryPlan, Tensor, check_plan
 
-from conftest import EXAMPLE_MODELS, EXAMPLES
-from test_memory_plan import REFERENCE_MODELS
+from conftest import ALL_MODELS, RTOL, assert_matches_torch
 
-RTOL = 1e-4
-ALL_MODELS = dict(EXAMPLE_MODELS, **REFERENCE_MODELS)
 # numpy's ufunc iterator buffers (8192 elements per operand, whatever the tensor sizes) and the Python objects of
 # one call: transient, and bounded independently of the model.
 CALL_OVERHEAD_BYTES = 128 * 1024
 
 
 @pytest.fixture(scope="module")
-def portable_bundle(export_example, tmp_path_factory):
-    """Exports an example or reference model with the portable backend, once per module."""
-    directory = tmp_path_factory.mktemp("portable")
-    cache: Dict[str, Path] = {}
-
-    def export(model: str) -> Path:
-        if model in EXAMPLE_MODELS:
-            return export_example(model, backend="portable")
-        if model not in cache:
-            reference, inputs = REFERENCE_MODELS[model]
-            cache[model] = edgedyn.export(str(EXAMPLES / reference), inputs=list(inputs), backend="portable",
-                                          output=directory / (model + ".edgedyn"))
-        return cache[model]
-
-    return export
+def portable_bundle(export_example):
+    """A model exported with --backend portable (once per session, through the shared fixture)."""
+    return lambda model: export_example(model, backend="portable")
 
 
 def _fresh(shape, seed):
@@ -49,21 +32,8 @@ def _fresh(shape, seed):
 
 @pytest.mark.parametrize("model", sorted(ALL_MODELS))
 def test_matches_torch_eager_on_fresh_inputs(portable_bundle, model):
-    program = rt.load(portable_bundle(model))
-    reference, _ = ALL_MODELS[model]
-    module, _, _ = load_reference(str(EXAMPLES / reference))
-    if isinstance(module, nn.Module):
-        module.eval()
-    for index, spec in enumerate(program.specializations):
-        values = dict(spec.record["constants"])
-        for offset, record in enumerate(spec.record["inputs"]):
-            values[record["name"]] = _fresh(record["shape"], seed=2000 + 10 * index + offset)
-        for _ in range(2):  # the second call runs in an arena the first one dirtied
-            actual = program(**values)
-        with torch.no_grad():
-            expected = module(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in values.items()})
-        scale = float(expected.abs().max())
-        np.testing.assert_allclose(actual, expected.numpy(), rtol=RTOL, atol=RTOL * scale)
+    # twice: the second call runs in an arena the first one dirtied
+    assert_matches_torch(rt.load(portable_bundle(model)), model, seed=2000, calls=2)
 
 
 @pytest.mark.parametrize("model", sorted(ALL_MODELS))

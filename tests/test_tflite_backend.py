@@ -2,7 +2,6 @@
 import builtins
 import importlib
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -10,61 +9,25 @@ from torch import nn
 import edgedyn
 import edgedyn.runtime as rt
 from edgedyn.errors import BackendError
-from edgedyn.frontend.loading import load_reference
 
-from conftest import EXAMPLE_MODELS, EXAMPLES
+from conftest import ALL_MODELS, EXAMPLES, RTOL, assert_matches_torch
 
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("tflite")
-RTOL = 1e-4
-REFERENCE_MODELS = {
-    "mobilenet_v2": ("mobilenet_v2.py:MobileNetV2", ("x=1x3x96x96",)),
-    "transformer_block": ("transformer_block.py:TransformerBlock", ("x=1x32x64",)),
-}
 
 
 @pytest.fixture(scope="module")
-def tflite_bundle(export_example, tmp_path_factory):
-    """Examples through the shared fixture, reference models exported here once."""
-    cache = {}
-    directory = tmp_path_factory.mktemp("tflite")
-
-    def get(name):
-        if name in EXAMPLE_MODELS:
-            return export_example(name, backend="tflite")
-        if name not in cache:
-            reference, inputs = REFERENCE_MODELS[name]
-            cache[name] = edgedyn.export(str(EXAMPLES / reference), inputs=list(inputs), backend="tflite",
-                                         output=directory / (name + ".edgedyn"))
-        return cache[name]
-
-    return get
+def tflite_bundle(export_example):
+    """A model exported with --backend tflite (once per session, through the shared fixture)."""
+    return lambda name: export_example(name, backend="tflite")
 
 
-def _reference(name):
-    return (EXAMPLE_MODELS.get(name) or REFERENCE_MODELS[name])[0]
-
-
-@pytest.mark.parametrize("name", sorted(EXAMPLE_MODELS) + sorted(REFERENCE_MODELS))
+@pytest.mark.parametrize("name", sorted(ALL_MODELS))
 def test_model_matches_torch_on_fresh_inputs(tflite_bundle, name):
-    program = rt.load(tflite_bundle(name), threads=2)
-    model, _, _ = load_reference(str(EXAMPLES / _reference(name)))
-    if isinstance(model, nn.Module):
-        model.eval()
-    rng = np.random.default_rng(2024)
-    for spec in program.specializations:
-        values = dict(spec.record["constants"])
-        for record in spec.record["inputs"]:
-            values[record["name"]] = rng.standard_normal(record["shape"]).astype(np.float32)
-        actual = program(**values)
-        with torch.no_grad():
-            expected = model(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-                                for k, v in values.items()}).numpy()
-        scale = float(np.abs(expected).max())
-        np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * scale)
+    assert_matches_torch(rt.load(tflite_bundle(name), threads=2), name, seed=2024)
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLE_MODELS) + sorted(REFERENCE_MODELS))
+@pytest.mark.parametrize("name", sorted(ALL_MODELS))
 def test_model_bundle_is_portable_and_verifies(tflite_bundle, name):
     bundle = tflite_bundle(name)
     for spec in rt.read_manifest(bundle)["specializations"]:

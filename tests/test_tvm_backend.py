@@ -7,31 +7,14 @@ import edgedyn
 import edgedyn.runtime as rt
 from edgedyn.frontend.loading import load_reference
 
-from conftest import EXAMPLE_MODELS, EXAMPLES
+from conftest import EXAMPLE_MODELS, EXAMPLES, RTOL, assert_matches_torch
 
 pytest.importorskip("tvm")
-RTOL = 1e-4
-
-
-def _fresh(shape, seed):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLE_MODELS))
 def test_example_matches_torch_on_fresh_inputs(export_example, example):
-    program = rt.load(export_example(example))
-    model, _, _ = load_reference(str(EXAMPLES / EXAMPLE_MODELS[example][0]))
-    if isinstance(model, torch.nn.Module):
-        model.eval()
-    for index, spec in enumerate(program.specializations):
-        values = dict(spec.record["constants"])
-        for offset, record in enumerate(spec.record["inputs"]):
-            values[record["name"]] = _fresh(record["shape"], seed=1000 + 10 * index + offset)
-        actual = program(**values)
-        with torch.no_grad():
-            expected = model(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in values.items()})
-        scale = float(expected.abs().max())
-        np.testing.assert_allclose(actual, expected.numpy(), rtol=RTOL, atol=RTOL * scale)
+    assert_matches_torch(rt.load(export_example(example)), example)
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLE_MODELS))

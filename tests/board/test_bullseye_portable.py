@@ -8,32 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE_MODELS, REPO
-from test_memory_plan import REFERENCE_MODELS
+from conftest import ALL_MODELS, REPO
 
 from .emulator import run_on_board
 
-ALL_MODELS = dict(EXAMPLE_MODELS, **REFERENCE_MODELS)
-
 
 @pytest.fixture(scope="module")
-def portable_bundles(tmp_path_factory: pytest.TempPathFactory):
-    import edgedyn
-
-    from conftest import EXAMPLES
-
-    directory = tmp_path_factory.mktemp("bullseye")
-    cache = {}
-
-    def export(model: str) -> Path:
-        if model not in cache:
-            reference, inputs = ALL_MODELS[model]
-            # jetson-nano: the board this story is for; the portable artifact runs on any arch.
-            cache[model] = edgedyn.export(str(EXAMPLES / reference), inputs=list(inputs), board="jetson-nano",
-                                          backend="portable", output=directory / (model + ".edgedyn"))
-        return cache[model]
-
-    return export
+def portable_bundles(export_example):
+    # jetson-nano: the board this story is for; the portable artifact runs on any arch.
+    return lambda model: export_example(model, board="jetson-nano", backend="portable")
 
 
 @pytest.mark.parametrize("model", sorted(ALL_MODELS))
