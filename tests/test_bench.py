@@ -305,3 +305,12 @@ def test_compare_ratios_against_eager_and_the_best_peer() -> None:
     compare.add_ratios(results)
     assert results["edgedyn-tvm"]["speedup_vs_eager"] == 4.0 and results["edgedyn-tvm"]["speedup_vs_best_peer"] == 2.0
     assert results["torch-compile"]["best_peer"] == "torch-compile" and "speedup_vs_eager" not in results["edgedyn-tflite"]
+
+
+def test_bench_reports_that_the_portable_executor_allocates_no_intermediates(export_example) -> None:
+    """MobileNetV2's intermediates are megabytes; the portable executor's call allocates only its output."""
+    report = run_benchmark(str(export_example("mobilenet_v2", backend="portable")),
+                           BenchConfig(warmup=1, iterations=2, duration_s=0.0))
+    allocations = report["per_call_allocations"]
+    assert allocations["output_bytes"] == 1000 * 4  # the 1x1000 logits
+    assert allocations["beyond_outputs_bytes"] < 256 * 1024  # numpy's iterator buffers; intermediates: ~1 MB arena

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import err, out
+from edgedyn.cli.common import human_bytes, err, out
 
 
 def bench_command(
@@ -74,6 +74,9 @@ def summary_table(report: Dict[str, Any]) -> Table:
         ("throughput", "{:.1f} inferences/s".format(report["throughput_per_s"])),
         ("guard check", "{:.1f} us per call".format(report["guard_overhead_us"])),
         ("peak RSS", "{:.1f} MB".format(report["peak_rss_mb"]) if report["peak_rss_mb"] is not None else "unknown"),
+        ("allocated per call", "{} beyond the {} of outputs ({})".format(
+            human_bytes(report["per_call_allocations"]["beyond_outputs_bytes"]),
+            human_bytes(report["per_call_allocations"]["output_bytes"]), report["per_call_allocations"]["measured"])),
         ("inputs", "{}: {}".format(report["inputs"]["source"], _arrays(report["inputs"]["arrays"]))),
         ("threads", str(report["threads"] or "backend default")),
         ("board", "{} (bundle); this machine: {}, {}, {} cores".format(

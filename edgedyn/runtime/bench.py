@@ -85,6 +85,39 @@ def latency_stats(samples_s: Sequence[float]) -> Dict[str, float]:
             "p95": float(p95), "p99": float(p99), "max": float(ms.max()), "std": float(ms.std())}
 
 
+def per_call_allocations(call: Callable[[], Any]) -> Dict[str, Any]:
+    """What one warm call allocates through Python's allocator (numpy arrays included), measured by tracemalloc.
+
+    The outputs are new arrays on every call; anything above them is intermediates allocated per inference. An
+    executor that plans its intermediates into one arena (portable) shows only the outputs and a small constant;
+    native runtimes (onnxruntime, LiteRT, TVM) allocate outside Python's allocator, which this does not see.
+    """
+    import tracemalloc
+
+    already = tracemalloc.is_tracing()
+    if not already:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        outputs = call()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not already:
+            tracemalloc.stop()
+    output_bytes = sum(int(getattr(a, "nbytes", 0)) for a in _arrays(outputs))
+    return {"peak_bytes": int(peak), "output_bytes": output_bytes, "beyond_outputs_bytes": max(0, int(peak) - output_bytes),
+            "measured": "tracemalloc (Python and numpy allocations only)"}
+
+
+def _arrays(value: Any) -> List[Any]:
+    if isinstance(value, dict):
+        return [a for item in value.values() for a in _arrays(item)]
+    if isinstance(value, (list, tuple)):
+        return [a for item in value for a in _arrays(item)]
+    return [value] if hasattr(value, "nbytes") else []
+
+
 def peak_rss_mb() -> Optional[float]:
     """The process's peak resident memory in MiB: VmHWM from /proc/self/status, else getrusage."""
     try:
@@ -157,6 +190,7 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
     samples = time_calls(call, config.rule, clock, lambda done, elapsed: report_progress("timing", done, elapsed))
     report_progress("guard overhead", 0, 0.0)
     guard_samples = time_calls(lambda: program.dispatch(**values), StopRule(200, 0.05, 1.0, 100000), clock)
+    allocations = per_call_allocations(call)
     stats = latency_stats(samples)
     cv = stats["std"] / stats["mean"] if stats["mean"] > 0 else 0.0
     warnings = []
@@ -192,6 +226,7 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
         "cv": cv,
         "guard_overhead_us": float(np.median(guard_samples)) * 1e6,
         "peak_rss_mb": peak_rss_mb(),
+        "per_call_allocations": allocations,
         "warnings": warnings,
         "env": sysinfo.environment(spec.executor.describe()),
     }
