@@ -144,7 +144,8 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     summary = {"machine": platform.node(), "driver": driver, "torch": torch.__version__, "torch_cuda": torch_gpu,
                "rows": rows}
-    (Path(__file__).parent / "results.json").write_text(json.dumps(summary, indent=2))
+    if not options.build_only:
+        (Path(__file__).parent / "results.json").write_text(json.dumps(summary, indent=2))
     print("\nmodel              arch   rel.err   edgedyn ms  torch ms  speedup")
     for r in rows:
         print(f"{r['model']:<18} {r['arch']:<6} {r.get('max_rel_error', float('nan')):8.1e}  "
