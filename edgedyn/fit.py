@@ -26,6 +26,8 @@ CLOSE = 0.90  # within 10% of the budget: warn
 RUNTIME_OVERHEAD_BYTES = {
     "portable": 35 * MB,  # python + numpy + edgedyn.runtime: 34.0 MB measured
     "tvm": 81 * MB,  # + libtvm_runtime with TVM_USE_RUNTIME_LIB=1: 80.9 MB measured
+    "onnxruntime": 52 * MB,  # + onnxruntime 1.32: 51.3 MB measured
+    "litert": 41 * MB,  # + ai-edge-litert 2.3 (XNNPACK): 40.9 MB measured
 }
 # Executors nobody measured yet are charged the largest overhead measured (and the report says so).
 UNMEASURED_OVERHEAD_BYTES = max(RUNTIME_OVERHEAD_BYTES.values())

@@ -109,10 +109,10 @@ def test_close_to_budget_warns_at_export(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
-@pytest.mark.parametrize("executor", ["portable", "tvm"])
-def test_recorded_runtime_overhead_is_still_what_we_measure(executor):
-    if executor == "tvm":
-        pytest.importorskip("tvm")
+@pytest.mark.parametrize("executor, package", [("portable", "numpy"), ("tvm", "tvm"), ("onnxruntime", "onnxruntime"),
+                                               ("litert", "ai_edge_litert")])
+def test_recorded_runtime_overhead_is_still_what_we_measure(executor, package):
+    pytest.importorskip(package)
     measured = measure_overhead_bytes(executor)
     recorded = RUNTIME_OVERHEAD_BYTES[executor]
     # Library versions move this by a few MB; a change beyond 30% means the constant must be measured again.
