@@ -136,10 +136,14 @@ def test_unsupported_op_through_the_cli(run_cli, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_function_models_have_no_source_line_but_say_so(tmp_path):
-    error = _export_error(lambda x: torch.cumsum(x, 0), (torch.randn(4, 3),), tmp_path)
-    assert "cannot express aten.cumsum.default (no TFLite converter for this op), at graph node 'cumsum' " \
-           "(no source line recorded)" in error.message
+def test_function_models_name_the_users_line_too(tmp_path):
+    def running_total(x):
+        return torch.cumsum(x, 0)  # the line the error must point at
+
+    line = running_total.__code__.co_firstlineno + 1
+    error = _export_error(running_total, (torch.randn(4, 3),), tmp_path)
+    assert "cannot express aten.cumsum.default (no TFLite converter for this op), at tests/test_tflite_backend.py:" \
+           "{} in running_total: return torch.cumsum(x, 0)".format(line) in error.message
 
 
 def test_missing_litert_names_the_install_command(tflite_bundle, monkeypatch):

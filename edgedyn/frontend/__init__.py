@@ -148,6 +148,11 @@ class _Specialized(torch.nn.Module):
             self.model = model
         else:
             self._function = model
+            # torch.export records source lines only in frames named `forward` or registered as anchors: register
+            # the user's function, so errors and op diagnostics point at its lines rather than at this wrapper.
+            register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+            if register is not None:
+                register(model)
         self.tensor_names = tensor_names
         self.constants = constants
 
