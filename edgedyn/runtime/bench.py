@@ -95,10 +95,13 @@ def per_call_allocations(call: Callable[[], Any]) -> Dict[str, Any]:
     import tracemalloc
 
     already = tracemalloc.is_tracing()
-    if not already:
+    if already:
+        reset_peak = getattr(tracemalloc, "reset_peak", None)  # Python 3.9+; a fresh start resets it on 3.8
+        if reset_peak is not None:
+            reset_peak()
+    else:
         tracemalloc.start()
     try:
-        tracemalloc.reset_peak()
         before = tracemalloc.get_traced_memory()[0]
         outputs = call()
         peak = tracemalloc.get_traced_memory()[1] - before
