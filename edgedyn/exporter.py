@@ -26,7 +26,8 @@ PRECISIONS = ("fp32", "fp16")
 def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
            output: Optional[Union[str, Path]] = None, backend: str = AUTO, inputs: Optional[Sequence[str]] = None,
            pipeline: str = "default", device: str = "auto", precision: str = "fp32", verify: bool = True,
-           progress: Optional[Progress] = None) -> Path:
+           progress: Optional[Progress] = None, quantize: Optional[str] = None, calibration: Any = None,
+           eval_inputs: Any = None, max_accuracy_drop: Optional[str] = None) -> Path:
     """Exports `model` for `board` into one bundle file and returns its path.
 
     `model`: an nn.Module (instance, class or zero-argument factory), a function, or "path.py:name".
@@ -37,12 +38,19 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     as the fallback the runtime uses when the GPU cannot run; "gpu" or "cpu" builds only that one.
     `precision`: "fp16" computes GPU artifacts in half precision (accuracy recorded in the manifest).
     With `verify`, a bundle this machine can run is checked against torch eager before it is returned.
+    `quantize`: "int8" (static, needs `calibration`: a folder of .npy, an .npz, "path.py:fn", an iterable of
+    input tuples, or "random") or "int8-weights"; accuracy against torch eager on `eval_inputs` (default: a
+    held-out share of the calibration data) is recorded, and `max_accuracy_drop` ("top1=1%", "cosine=0.99")
+    fails the export when missed (edgedyn/quantize/).
     """
+    from edgedyn.quantize import plan as quantize_plan
+
     step = progress or (lambda message: None)
     target_board = load_board(board)
     check_backend_name(backend)
+    quantizing = quantize_plan.plan(quantize, backend, device, calibration, eval_inputs, max_accuracy_drop)
     target = target_board.target("cpu")
-    gpu_target = _gpu_target(target_board, backend, device, precision)
+    gpu_target = None if quantizing else _gpu_target(target_board, backend, device, precision)
     step("capturing {}".format(model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)))
     captured = capture(model, example_inputs, inputs=inputs)
     writer = BundleWriter()
@@ -54,7 +62,9 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
         if gpu_target is not None:
             gpu = _gpu_artifact(optimized, target_board, gpu_target, spec, precision, device, step)
             artifacts += [gpu] if gpu is not None else []
-        if device != "gpu":
+        if device != "gpu" and quantizing is not None:
+            artifacts.append(_quantized_artifact(quantizing, backend, optimized, target_board, target, spec, step))
+        elif device != "gpu":
             artifacts.append(choose(backend, optimized, target_board, target, spec, progress=step))
         records.append(_specialization_record(writer, index, spec, optimized, artifacts))
     path = Path(output) if output else Path("{}-{}{}".format(captured.name, target_board.name, SUFFIX))
@@ -65,6 +75,18 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
         step("verifying {} on this machine".format(path.name))
         _verify_or_fail(path)
     return path
+
+
+def _quantized_artifact(quantizing: Any, backend: str, program: Any, board: Board, target: Target,
+                        spec: Specialization, step: Progress) -> Artifact:
+    """The CPU artifact with int8 kernels, measured against torch eager and held to the accuracy gate."""
+    from edgedyn.quantize import plan as quantize_plan
+
+    step("quantizing {} ({})".format(spec.name, quantizing.mode))
+    artifact = choose(backend, program, board, target, spec, progress=step,
+                      quantization=quantizing.quantization(spec))
+    step("measuring {} int8 accuracy against torch eager".format(artifact.backend))
+    return quantize_plan.finish(quantizing, artifact, spec)
 
 
 def _gpu_target(board: Board, backend: str, device: str, precision: str) -> Optional[Target]:

@@ -6,6 +6,8 @@
   fastest that verified ("measured");
 - for another board, takes the first backend of the board file's `backends.preference` that builds (and, when
   its artifact runs here too, verifies) ("board preference").
+With `quantization` (--quantize), only backends with int8 kernels are built (edgedyn/quantize/__init__.py), and
+a candidate is checked for sanity against torch eager (cosine), not for float equality: the accuracy gate runs after.
 The choice and its reasons go into the artifact's manifest entry as `selection`.
 """
 import difflib
@@ -14,9 +16,10 @@ import os
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -67,33 +70,47 @@ def check_backend_name(name: str) -> None:
 
 
 def choose(backend: str, program: Any, board: Board, target: Target, spec: Specialization,
-           progress: Optional[Progress] = None, timing: Timing = DEFAULT_TIMING) -> Artifact:
-    """The artifact for one specialization, with `meta["selection"]` saying how it was chosen."""
+           progress: Optional[Progress] = None, timing: Timing = DEFAULT_TIMING,
+           quantization: Optional[Any] = None) -> Artifact:
+    """The artifact for one specialization, with `meta["selection"]` saying how it was chosen.
+
+    `quantization`: an edgedyn.quantize.Quantization, handed to the backend (only those that quantize take it).
+    """
     step = progress or (lambda message: None)
     check_backend_name(backend)
+    build = _builder(program, board, target, spec, quantization)
     if backend != AUTO:
         step("building {} with {} for {}".format(spec.name, backend, target.name))
-        artifact = get_backend(backend)(program, board, target, spec.tensor_inputs)
-        return _with_selection(artifact, {"mode": "user", "requested": backend})
+        return _with_selection(build(backend), {"mode": "user", "requested": backend})
     if board.arch == host_arch():
-        return _measured(program, board, target, spec, step, timing)
-    return _by_preference(program, board, target, spec, step)
+        return _measured(build, board, spec, step, timing, quantization)
+    return _by_preference(build, board, target, spec, step, quantization)
 
 
-def candidates(board: Board) -> List[str]:
-    """Registered backends, the board's preference first (it breaks ties), then the rest by name."""
-    preferred = [name for name in board.backends if name in BACKENDS]
-    return preferred + sorted(name for name in BACKENDS if name not in preferred)
+def _builder(program: Any, board: Board, target: Target, spec: Specialization,
+             quantization: Optional[Any]) -> Callable[[str], Artifact]:
+    extra = {} if quantization is None else {"quantization": quantization}
+    return lambda name: get_backend(name)(program, board, target, spec.tensor_inputs, **extra)
 
 
-def _measured(program: Any, board: Board, target: Target, spec: Specialization, step: Progress,
-              timing: Timing) -> Artifact:
+def candidates(board: Board, quantization: Optional[Any] = None) -> List[str]:
+    """Registered backends, the board's preference first (it breaks ties), then the rest by name; with
+    `quantization`, only those with int8 kernels."""
+    from edgedyn.quantize import QUANTIZING_BACKENDS
+
+    usable = [name for name in BACKENDS if quantization is None or name in QUANTIZING_BACKENDS]
+    preferred = [name for name in board.backends if name in usable]
+    return preferred + sorted(name for name in usable if name not in preferred)
+
+
+def _measured(build: Callable[[str], Artifact], board: Board, spec: Specialization, step: Progress,
+              timing: Timing, quantization: Optional[Any]) -> Artifact:
     best = None  # type: Optional[Artifact]
     medians = {}  # type: Dict[str, float]
     rejected = {}  # type: Dict[str, str]
-    for name in candidates(board):
-        step("building {} with {} for {}".format(spec.name, name, target.name))
-        artifact = _attempt(name, lambda: get_backend(name)(program, board, target, spec.tensor_inputs), rejected)
+    for name in candidates(board, quantization):
+        step("building {} with {}".format(spec.name, name))
+        artifact = _attempt(name, lambda: build(name), rejected)
         if artifact is None:
             step("{}: skipped ({})".format(name, rejected[name]))
             continue
@@ -117,12 +134,15 @@ def _measured(program: Any, board: Board, target: Target, spec: Specialization, 
         "host": host_arch()})
 
 
-def _by_preference(program: Any, board: Board, target: Target, spec: Specialization, step: Progress) -> Artifact:
-    order = [name for name in board.backends if name in BACKENDS]
+def _by_preference(build: Callable[[str], Artifact], board: Board, target: Target, spec: Specialization,
+                   step: Progress, quantization: Optional[Any]) -> Artifact:
+    order = [name for name in candidates(board, quantization) if name in board.backends]
+    if quantization is not None and not order:  # the board prefers none with int8 kernels: try those anyway
+        order = candidates(board, quantization)
     rejected = {}  # type: Dict[str, str]
     for name in order:
         step("building {} with {} for {} ({})".format(spec.name, name, target.name, board.name))
-        artifact = _attempt(name, lambda: get_backend(name)(program, board, target, spec.tensor_inputs), rejected)
+        artifact = _attempt(name, lambda: build(name), rejected)
         if artifact is None:
             step("{}: skipped ({})".format(name, rejected[name]))
             continue
@@ -153,11 +173,7 @@ def _attempt(name: str, work: Callable[[], Any], rejected: Dict[str, str]) -> An
 def _verify(artifact: Artifact, spec: Specialization, timing: Optional[Timing] = None) -> float:
     """Runs the artifact on the example inputs (EdgedynError if it disagrees with torch eager); with `timing`,
     returns the median milliseconds per call."""
-    with tempfile.TemporaryDirectory(prefix="edgedyn-select-") as workdir:
-        files = _LooseFiles(artifact, Path(workdir))
-        record = dict(artifact.meta, backend=artifact.backend, executor=artifact.executor, device=artifact.device,
-                      arch=artifact.arch, target=artifact.target, files=files.names)
-        executor = executor_class(artifact.executor)(files, record, {"threads": None})
+    with open_executor(artifact) as (executor, record):
         inputs = [np.ascontiguousarray(tensor.numpy()) for tensor in spec.example_tensors]
         outputs = executor.run(inputs)
         _check_outputs(artifact, record, outputs, spec.reference_outputs)
@@ -166,11 +182,24 @@ def _verify(artifact: Artifact, spec: Specialization, timing: Optional[Timing] =
         return _median_ms(lambda: executor.run(inputs), timing)
 
 
+@contextmanager
+def open_executor(artifact: Artifact) -> Iterator[Tuple[Any, Dict[str, Any]]]:
+    """(the runtime's executor over an artifact's files before any bundle exists, its manifest record)."""
+    with tempfile.TemporaryDirectory(prefix="edgedyn-select-") as workdir:
+        files = _LooseFiles(artifact, Path(workdir))
+        record = dict(artifact.meta, backend=artifact.backend, executor=artifact.executor, device=artifact.device,
+                      arch=artifact.arch, target=artifact.target, files=files.names)
+        yield executor_class(artifact.executor)(files, record, {"threads": None}), record
+
+
 def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],
                    expected: List[np.ndarray]) -> None:
     if len(outputs) != len(expected):
         raise BackendError("{} returned {} outputs, torch eager {}".format(
             artifact.backend, len(outputs), len(expected)))
+    if "quantization" in record:
+        _check_quantized(artifact, outputs, expected)
+        return
     tolerance = record.get("tolerance", {"rtol": 1e-4, "atol": 1e-6})
     for index, (got, want) in enumerate(zip(outputs, expected)):
         result = compare(np.asarray(got), want, tolerance)
@@ -178,6 +207,20 @@ def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.
             raise BackendError("{} disagrees with torch eager on output {}: {}".format(
                 artifact.backend, index, result.get("error") or "max relative error {:.3g} (rtol {})".format(
                     result["max_rel"], tolerance["rtol"])))
+
+
+def _check_quantized(artifact: Artifact, outputs: List[np.ndarray], expected: List[np.ndarray]) -> None:
+    """int8 differs from float by design: only a broken artifact (cosine below SANITY_COSINE) is rejected here."""
+    from edgedyn.quantize.accuracy import SANITY_COSINE, output_metrics
+
+    for index, (got, want) in enumerate(zip(outputs, expected)):
+        if np.shape(got) != np.shape(want):
+            raise BackendError("{} output {}: shape {} != expected {}".format(
+                artifact.backend, index, np.shape(got), np.shape(want)))
+        cosine = output_metrics([got], [want])["cosine"]
+        if not np.all(np.isfinite(got)) or cosine < SANITY_COSINE:
+            raise BackendError("{} (int8) output {} has cosine {:.3f} to torch eager, below {}: a broken "
+                               "artifact, not int8 rounding".format(artifact.backend, index, cosine, SANITY_COSINE))
 
 
 def _median_ms(call: Callable[[], Any], timing: Timing) -> float:

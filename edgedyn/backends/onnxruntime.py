@@ -5,7 +5,7 @@ artifact runs on any CPU architecture and any onnxruntime >= 1.16 with the execu
 """
 import tempfile
 from pathlib import Path
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from edgedyn.backends import Artifact
 from edgedyn.boards import Board, Target
@@ -50,12 +50,20 @@ def execution_providers(board: Board) -> List[str]:
     return providers + ["CPUExecutionProvider"]
 
 
-def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) -> Artifact:
-    """Exports the program to ONNX, applies onnxruntime's portable graph optimizations and returns the model file."""
+def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str],
+          quantization: Optional[Any] = None) -> Artifact:
+    """Exports the program to ONNX, applies onnxruntime's portable graph optimizations and returns the model file;
+    with `quantization` (edgedyn.quantize.Quantization), the model is quantized to int8 after that."""
     onnx, onnxruntime = _import_onnx()
     output_names = ["output_{}".format(i) for i in range(len(program.graph_signature.user_outputs))]
     model = _export(onnx, program, tensor_inputs, output_names)
     model = _optimize_offline(onnx, onnxruntime, model)
+    extra = {}  # type: Dict[str, Any]
+    if quantization is not None:
+        from edgedyn.quantize.onnx import quantize
+
+        model, extra["quantization"] = quantize(onnx, model, quantization, list(tensor_inputs))
+        extra["tolerance"] = extra["quantization"].pop("tolerance")
     data = model.SerializeToString()
     return Artifact(
         backend="onnxruntime",
@@ -68,7 +76,8 @@ def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) 
         meta={"opset": OPSET, "ir_version": model.ir_version, "input_names": list(tensor_inputs),
               "output_names": output_names, "execution_providers": execution_providers(board),
               "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": OFFLINE_LEVEL},
-              "tolerance": dict(TOLERANCE), "requires": {"python": ["onnxruntime>={}".format(MIN_ONNXRUNTIME)]}},
+              "tolerance": dict(TOLERANCE), "requires": {"python": ["onnxruntime>={}".format(MIN_ONNXRUNTIME)]},
+              **extra},
     )
 
 

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import human_bytes, err, out
+from edgedyn.cli.common import err, human_bytes, out
 
 
 def bench_command(

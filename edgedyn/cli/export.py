@@ -28,6 +28,21 @@ def export_command(
     pipeline: Annotated[str, typer.Option("--pipeline", help="Pass pipeline (default, none).")] = "default",
     verify: Annotated[bool, typer.Option(help="Check the bundle against torch eager when this machine can run it.")]
     = True,
+    quantize: Annotated[Optional[str], typer.Option(help="int8: int8 weights (per output channel) and activations "
+                                                         "(scales from --calibration); int8-weights: int8 weights, "
+                                                         "activations quantized at run time. onnxruntime and tflite "
+                                                         "only.")] = None,
+    calibration: Annotated[Optional[str], typer.Option(help="Calibration inputs for --quantize int8: a folder of "
+                                                            ".npy files, an .npz, or path.py:fn returning input "
+                                                            "tuples; 'random' for random normal inputs (smoke tests "
+                                                            "only). A held-out share measures accuracy.")] = None,
+    eval_inputs: Annotated[Optional[str], typer.Option("--eval-inputs", help="Inputs to measure int8 accuracy on "
+                                                       "(same formats as --calibration); default: held-out "
+                                                       "calibration samples.")] = None,
+    max_accuracy_drop: Annotated[Optional[str], typer.Option("--max-accuracy-drop", help="Fail the export when the "
+                                                             "quantized model misses a bound: top1=1% (top-1 drop), "
+                                                             "cosine=0.99 (minimum), max_abs=0.05; comma-separated.")]
+    = None,
 ) -> None:
     """Capture MODEL at its example inputs, optimize and compile it for BOARD, and write one bundle file."""
     from edgedyn.exporter import export
@@ -35,11 +50,19 @@ def export_command(
 
     with progress("export") as step:
         path = export(model, board=board, output=output, backend=backend, inputs=input_ or None,
-                      pipeline=pipeline, device=device, precision=precision, verify=verify, progress=step)
+                      pipeline=pipeline, device=device, precision=precision, verify=verify, progress=step,
+                      quantize=quantize, calibration=calibration, eval_inputs=eval_inputs,
+                      max_accuracy_drop=max_accuracy_drop)
     bundle = Bundle(path)
     specs = bundle.manifest["specializations"]
     chosen = sorted({a["backend"] for s in specs for a in s["artifacts"]})  # what auto picked, when it did
     err.print("exported {} for {} ({}): {} specialization(s) [{}], {}".format(
         bundle.manifest["model"]["name"], bundle.manifest["board"]["name"], ", ".join(chosen), len(specs),
         ", ".join(s["name"] for s in specs), human_bytes(path.stat().st_size)))
+    from edgedyn.quantize.plan import summary
+
+    for spec in specs:
+        line = summary(spec["artifacts"][-1])
+        if line:
+            err.print("{}: {}".format(spec["name"], line))
     out.print(str(path))

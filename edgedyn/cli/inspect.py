@@ -58,6 +58,31 @@ def inspect_command(
             table.add_row(artifact["backend"], artifact["device"], str(artifact["arch"] or "any"),
                           artifact["target"], files)
         out.print(table)
+        for artifact in spec["artifacts"]:
+            if "quantization" in artifact:
+                _quantization(artifact["quantization"])
+
+
+def _quantization(record: Dict[str, Any]) -> None:
+    """The int8 summary: scheme, weight bytes before and after, and agreement with torch eager per output."""
+    weights = record.get("weights", {})
+    out.print("  quantization  {} ({}): {}".format(record["mode"], record["backend"], record.get("scheme", "")))
+    if weights:
+        before, after = weights["fp32_bytes"], weights["quantized_bytes"]
+        out.print("  weights       fp32 {} -> {} {} ({:.1f}x smaller)".format(
+            human_bytes(before), record["mode"], human_bytes(after), before / after if after else float("inf")))
+    accuracy = record.get("accuracy", {})
+    if accuracy:
+        out.print("  accuracy      against {} on {} ({} batch(es))".format(
+            accuracy.get("reference"), accuracy.get("inputs"), accuracy.get("batches")))
+        table = Table(box=None, pad_edge=False)
+        for column in ("output", "max_abs_error", "cosine", "top1_agreement"):
+            table.add_column(column)
+        for output in accuracy["outputs"]:
+            agreement = output.get("top1_agreement")
+            table.add_row(output["name"], "{:.4g}".format(output["max_abs_error"]), "{:.6f}".format(output["cosine"]),
+                          "-" if agreement is None else "{:.2%}".format(agreement))
+        out.print(table)
 
 
 def _param(record: Dict[str, Any]) -> str:

@@ -3,7 +3,7 @@
 The writer (writer.py) serializes tensors, buffers and operators; the lowering (lowering.py) walks the graph and
 keeps track of layouts (layout.py) so convolutions run NHWC; ops/ holds one converter module per kind of op.
 """
-from typing import Any, List
+from typing import Any, Dict, List, Optional
 
 from edgedyn.backends import BACKENDS, Artifact
 from edgedyn.boards import Board, Target
@@ -15,12 +15,33 @@ TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
 GENERAL_BACKENDS = ("onnxruntime", "tvm")
 
 
-def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) -> Artifact:
-    """Writes the program as one .tflite model whose inputs and outputs have the torch model's shapes (NCHW)."""
+def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str],
+          quantization: Optional[Any] = None) -> Artifact:
+    """Writes the program as one .tflite model whose inputs and outputs have the torch model's shapes (NCHW);
+    with `quantization` (edgedyn.quantize.Quantization), convolutions and fully connected layers run int8."""
     from edgedyn.backends.tflite.lowering import lower_program
     from edgedyn.backends.tflite.ops import CONVERTERS
 
-    model, facts = lower_program(program, CONVERTERS, [b for b in GENERAL_BACKENDS if b in BACKENDS])
+    alternatives = [b for b in GENERAL_BACKENDS if b in BACKENDS]
+    if quantization is None:
+        model, facts = lower_program(program, CONVERTERS, alternatives)
+        return _artifact(model, facts, target, dict(TOLERANCE))
+    from edgedyn.quantize import weight_bytes
+    from edgedyn.quantize.accuracy import INT8_TOLERANCE
+    from edgedyn.quantize.ranges import observe
+
+    ranges = observe(program, quantization.calibration) if quantization.static else {}
+    model, facts = lower_program(program, CONVERTERS, alternatives, quantization.mode, ranges)
+    scheme = ("static: int8 CONV_2D/DEPTHWISE_CONV_2D/FULLY_CONNECTED, weights per output channel, activations "
+              "per tensor (calibrated min/max), QUANTIZE/DEQUANTIZE around float ops" if quantization.static else
+              "hybrid: int8 weights per output channel, float activations quantized on the fly")
+    facts["quantization"] = {"mode": quantization.mode, "backend": "tflite", "scheme": scheme,
+                             "weights": {"fp32_bytes": weight_bytes(program),
+                                         "quantized_bytes": facts.pop("weight_bytes")}}
+    return _artifact(model, facts, target, dict(INT8_TOLERANCE))
+
+
+def _artifact(model: bytes, facts: Dict[str, Any], target: Target, tolerance: Dict[str, float]) -> Artifact:
     return Artifact(
         backend="tflite",
         executor="litert",
@@ -29,6 +50,6 @@ def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) 
         target=target.name,
         files={"model": model},
         file_names={"model": "model.tflite"},
-        meta=dict(facts, tolerance=dict(TOLERANCE), layout="NHWC inside, torch layout at inputs and outputs",
+        meta=dict(facts, tolerance=tolerance, layout="NHWC inside, torch layout at inputs and outputs",
                   requires={"python": ["ai-edge-litert"]}),
     )

@@ -8,7 +8,7 @@ from torch import fx
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported, op_name, unsupported_error
 from edgedyn.backends.tflite.layout import Perm
-from edgedyn.backends.tflite.writer import ModelWriter
+from edgedyn.backends.tflite.writer import ModelWriter, Quant
 
 # Ops with several outputs return tuples; fx reads them with operator.getitem.
 _GETITEM = "getitem"
@@ -18,13 +18,15 @@ class Value:
     """One tensor of the graph: torch shape, stored layout, and its TFLite tensor or constant data."""
 
     def __init__(self, shape: Sequence[int], dtype: Any, perm: Perm, tensor: Optional[int] = None,
-                 data: Optional[np.ndarray] = None) -> None:
+                 data: Optional[np.ndarray] = None, quant: Optional[Quant] = None) -> None:
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.perm = tuple(perm)
         self.tensor = tensor
         self.data = data  # in torch layout; set for parameters and folded constants
+        self.quant = quant  # set for int8 tensors computed at run time (static quantization)
         self.relayouts = {}  # type: Dict[Perm, int]
+        self.twin = None  # type: Optional[Value]  # the float copy of an int8 value, or the int8 copy of a float one
 
     @property
     def rank(self) -> int:
@@ -43,8 +45,11 @@ def constant(array: Any) -> Value:
 class Lowering:
     """What converters build with: tensors in the layout they need, and operators producing new Values."""
 
-    def __init__(self) -> None:
+    def __init__(self, quantize: Optional[str] = None, ranges: Optional[Dict[str, Tuple[float, float]]] = None) -> None:
         self.writer = ModelWriter()
+        self.quantize = quantize  # None, "int8" (static) or "int8-weights" (hybrid kernels)
+        self.ranges = ranges or {}  # node name -> calibrated (min, max), for "int8"
+        self.fused = {}  # type: Dict[fx.Node, Any]  # activation node -> the Value of the op it was fused into
 
     def tensor(self, value: Value, perm: Optional[Perm] = None) -> int:
         """`value`'s TFLite tensor stored in layout `perm` (its own layout when None), relayouting once."""
@@ -54,7 +59,7 @@ class Lowering:
         if perm == value.perm:
             return value.tensor
         if perm not in value.relayouts:
-            out = self.writer.tensor("relayout", layout.stored_shape(value.shape, perm), value.dtype)
+            out = self.writer.tensor("relayout", layout.stored_shape(value.shape, perm), value.dtype, value.quant)
             if layout.same_memory_order(value.shape, value.perm, perm):
                 self.reshape_into(value.tensor, out)
             else:
@@ -94,16 +99,17 @@ class Lowering:
         return self.writer.constant(np.asarray(number, dtype=dtype))
 
     def new(self, shape: Sequence[int], dtype: Any = np.float32, perm: Optional[Perm] = None,
-            name: str = "t") -> Value:
+            name: str = "t", quant: Optional[Quant] = None) -> Value:
         """A fresh non-constant Value stored in `perm` (torch layout when None)."""
         perm = layout.identity(len(shape)) if perm is None else tuple(perm)
-        tensor = self.writer.tensor(name, layout.stored_shape(shape, perm), dtype)
-        return Value(shape, dtype, perm, tensor=tensor)
+        tensor = self.writer.tensor(name, layout.stored_shape(shape, perm), dtype, quant)
+        return Value(shape, dtype, perm, tensor=tensor, quant=quant)
 
     def emit(self, op: str, inputs: Sequence[int], shape: Sequence[int], perm: Optional[Perm] = None,
-             options: Optional[str] = None, dtype: Any = np.float32, **fields: Any) -> Value:
+             options: Optional[str] = None, dtype: Any = np.float32, quant: Optional[Quant] = None,
+             **fields: Any) -> Value:
         """Appends one operator with one output of torch shape `shape` stored in `perm`; returns that output."""
-        out = self.new(shape, dtype, perm, name=op.lower())
+        out = self.new(shape, dtype, perm, name=op.lower(), quant=quant)
         self.writer.operator(op, inputs, [out.tensor], options, **fields)
         return out
 
@@ -112,16 +118,47 @@ class Lowering:
         return self.emit(op, [self.tensor(value)], value.shape, value.perm, options, value.dtype, **fields)
 
 
+    def dequantized(self, value: Value) -> Value:
+        """The float copy of an int8 value (one DEQUANTIZE, shared by every float consumer)."""
+        if value.quant is None:
+            return value
+        if value.twin is None:
+            self.writer.require_version("DEQUANTIZE", 2)
+            value.twin = self.emit("DEQUANTIZE", [value.tensor], value.shape, value.perm)
+        return value.twin
+
+    def quantized(self, value: Value, node: fx.Node) -> Value:
+        """The int8 copy of a float value, scaled by `node`'s calibrated range (one QUANTIZE, shared)."""
+        from edgedyn.quantize.ranges import qparams
+
+        if value.quant is not None:
+            return value
+        if value.twin is None:
+            if node.name not in self.ranges:
+                raise Unsupported("no calibrated range for {} (int8 input)".format(node.name))
+            scale, zero_point = qparams(*self.ranges[node.name])
+            self.writer.require_version("QUANTIZE", 2)
+            value.twin = self.emit("QUANTIZE", [self.tensor(value)], value.shape, value.perm, dtype=np.int8,
+                                   quant=Quant(scale, zero_point))
+            value.twin.twin = value
+        return value.twin
+
+
 Converter = Callable[..., Any]
+# Note: with --quantize int8 these converters take int8 Values (and return them); every other converter gets the
+# float copy (Lowering.dequantized), so int8 stays between consecutive convolutions and fully connected layers and
+# DEQUANTIZE/QUANTIZE appear only where a float op sits in between (edgedyn/backends/tflite/ops/quantized.py).
+QUANTIZED_CONVERTERS = ("convolution", "linear", "addmm", "mm")
 
 
 def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any, Converter],
-                  alternatives: List[str]) -> Tuple[bytes, Dict[str, Any]]:
+                  alternatives: List[str], quantize: Optional[str] = None,
+                  ranges: Optional[Dict[str, Tuple[float, float]]] = None) -> Tuple[bytes, Dict[str, Any]]:
     """The .tflite bytes for `program`, with its inputs and outputs in torch layout, and facts for the manifest."""
     graph = program.graph_module.graph
     parameters = _parameters(program)
     _check_supported(graph, parameters, converters, alternatives)
-    ctx = Lowering()
+    ctx = Lowering(quantize, ranges)
     values = {}  # type: Dict[fx.Node, Any]
     inputs = []  # type: List[int]
     for node in graph.nodes:
@@ -141,7 +178,10 @@ def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any,
             outputs = [_output(ctx, values[item], inputs) for item in node.args[0]]
     model = ctx.writer.finish(inputs, outputs, "edgedyn {}".format(program.graph_module.__class__.__name__))
     ops = sorted({op.op for op in ctx.writer.operators})
-    return model, {"tflite_ops": ops, "tflite_operators": len(ctx.writer.operators)}
+    facts = {"tflite_ops": ops, "tflite_operators": len(ctx.writer.operators)}  # type: Dict[str, Any]
+    if quantize:
+        facts["weight_bytes"] = sum(len(b) for b in ctx.writer.buffers)
+    return model, facts
 
 
 def _parameters(program: Any) -> Dict[str, np.ndarray]:
@@ -200,10 +240,16 @@ def _convert(ctx: Lowering, node: fx.Node, values: Dict[fx.Node, Any], converter
             raise Unsupported("output {} of {} is not supported, only output 0".format(
                 index, op_name(node.args[0])))
         return source[index]
+    if node in ctx.fused:
+        return ctx.fused[node]
     inputs = [values[n] for n in node.all_input_nodes]
     if all(isinstance(v, Value) and v.is_constant for v in inputs) and _foldable(node):
         return _fold(node, args, kwargs)
-    return converters[node.target](ctx, node, *args, **kwargs)
+    converter = converters[node.target]
+    if ctx.quantize == "int8" and converter.__name__ not in QUANTIZED_CONVERTERS:
+        to_float = lambda v: ctx.dequantized(v) if isinstance(v, Value) else v  # noqa: E731
+        args, kwargs = fx.node.map_aggregate(args, to_float), fx.node.map_aggregate(kwargs, to_float)
+    return converter(ctx, node, *args, **kwargs)
 
 
 def _fold(node: fx.Node, args: Any, kwargs: Any) -> Any:
@@ -217,6 +263,7 @@ def _fold(node: fx.Node, args: Any, kwargs: Any) -> Any:
 
 def _output(ctx: Lowering, value: Value, inputs: List[int]) -> int:
     """The tensor a graph output is read from, always in torch layout (the bundle's interface is torch's)."""
+    value = ctx.dequantized(value)
     tensor = ctx.tensor(value, layout.identity(value.rank))
     if value.is_constant or tensor in inputs:
         # TFLite outputs must be computed tensors: copy inputs and constants through a RESHAPE.

@@ -34,6 +34,19 @@ def builtin_code(op: str) -> int:
     return getattr(schema("BuiltinOperator").BuiltinOperator, op)
 
 
+class Quant:
+    """A tensor's quantization: real = scale * (q - zero_point), one scale per slice along `dimension` (or one)."""
+
+    def __init__(self, scale: Any, zero_point: Any = 0, dimension: int = 0) -> None:
+        self.scale = np.atleast_1d(np.asarray(scale, dtype=np.float32))
+        self.zero_point = np.broadcast_to(np.atleast_1d(np.asarray(zero_point, dtype=np.int64)),
+                                          self.scale.shape).copy()
+        self.dimension = int(dimension)
+
+    def key(self) -> Tuple[bytes, bytes, int]:
+        return self.scale.tobytes(), self.zero_point.tobytes(), self.dimension
+
+
 class Operator:
     def __init__(self, op: str, inputs: Sequence[int], outputs: Sequence[int],
                  options: Optional[Tuple[str, Dict[str, Any]]]) -> None:
@@ -44,23 +57,28 @@ class ModelWriter:
     """Collects tensors, constant buffers and operators of one subgraph, then writes the flatbuffer."""
 
     def __init__(self) -> None:
-        self.tensors = []  # type: List[Tuple[str, List[int], np.dtype, int]]
+        self.tensors = []  # type: List[Tuple[str, List[int], np.dtype, int, Optional[Quant]]]
         self.buffers = [b""]  # buffer 0 is the empty buffer every non-constant tensor points to
         self.operators = []  # type: List[Operator]
-        self._constants = {}  # type: Dict[Tuple[str, Tuple[int, ...], bytes], int]
+        self._constants = {}  # type: Dict[Tuple[Any, ...], int]
+        self.versions = {}  # type: Dict[str, int]
 
-    def tensor(self, name: str, shape: Sequence[int], dtype: Any = np.float32) -> int:
+    def tensor(self, name: str, shape: Sequence[int], dtype: Any = np.float32, quant: Optional[Quant] = None) -> int:
         """A new non-constant tensor; returns its index."""
-        return self._add(name, shape, np.dtype(dtype), 0)
+        return self._add(name, shape, np.dtype(dtype), 0, quant)
 
-    def constant(self, array: np.ndarray, name: str = "const") -> int:
+    def constant(self, array: np.ndarray, name: str = "const", quant: Optional[Quant] = None) -> int:
         """A constant tensor holding `array`; identical constants share one tensor."""
         array = np.ascontiguousarray(array)
-        key = (str(array.dtype), tuple(array.shape), array.tobytes())
+        key = (str(array.dtype), tuple(array.shape), array.tobytes()) + ((quant.key(),) if quant else ())
         if key not in self._constants:
             self.buffers.append(key[2])
-            self._constants[key] = self._add(name, array.shape, array.dtype, len(self.buffers) - 1)
+            self._constants[key] = self._add(name, array.shape, array.dtype, len(self.buffers) - 1, quant)
         return self._constants[key]
+
+    def require_version(self, op: str, version: int) -> None:
+        """The operator's version must be at least `version` (int8 kernels are registered from 2 or 3 up)."""
+        self.versions[op] = max(self.versions.get(op, 1), version)
 
     def operator(self, op: str, inputs: Sequence[int], outputs: Sequence[int], options: Optional[str] = None,
                  **fields: Any) -> None:
@@ -70,10 +88,10 @@ class ModelWriter:
     def shape(self, index: int) -> List[int]:
         return list(self.tensors[index][1])
 
-    def _add(self, name: str, shape: Sequence[int], dtype: np.dtype, buffer: int) -> int:
+    def _add(self, name: str, shape: Sequence[int], dtype: np.dtype, buffer: int, quant: Optional[Quant]) -> int:
         if dtype not in TENSOR_TYPES:
             raise ValueError("no TFLite tensor type for {}".format(dtype))
-        self.tensors.append(("{}_{}".format(name, len(self.tensors)), [int(d) for d in shape], dtype, buffer))
+        self.tensors.append(("{}_{}".format(name, len(self.tensors)), [int(d) for d in shape], dtype, buffer, quant))
         return len(self.tensors) - 1
 
     def finish(self, inputs: Sequence[int], outputs: Sequence[int], description: str) -> bytes:
@@ -87,7 +105,7 @@ class ModelWriter:
         tensors = [_tensor(builder, *tensor) for tensor in self.tensors]
         operators = [_operator(builder, op, code_index[op.op]) for op in self.operators]
         subgraph = _subgraph(builder, tensors, operators, inputs, outputs)
-        opcodes = [_opcode(builder, op) for op in codes]
+        opcodes = [_opcode(builder, op, self.versions.get(op, 1)) for op in codes]
         description_offset = builder.CreateString(description)
         Model = schema("Model")
         vectors = [(Model.ModelStartOperatorCodesVector, opcodes), (Model.ModelStartSubgraphsVector, [subgraph]),
@@ -128,16 +146,30 @@ def _buffer(builder: Any, data: bytes) -> int:
     return Buffer.BufferEnd(builder)
 
 
-def _tensor(builder: Any, name: str, shape: List[int], dtype: np.dtype, buffer: int) -> int:
+def _tensor(builder: Any, name: str, shape: List[int], dtype: np.dtype, buffer: int, quant: Optional[Quant]) -> int:
     Tensor = schema("Tensor")
     name_offset = builder.CreateString(name)
     shape_offset = _ints(builder, shape)
+    quant_offset = _quantization(builder, quant) if quant is not None else None
     Tensor.TensorStart(builder)
+    if quant_offset is not None:
+        Tensor.TensorAddQuantization(builder, quant_offset)
     Tensor.TensorAddShape(builder, shape_offset)
     Tensor.TensorAddType(builder, TENSOR_TYPES[dtype])
     Tensor.TensorAddBuffer(builder, buffer)
     Tensor.TensorAddName(builder, name_offset)
     return Tensor.TensorEnd(builder)
+
+
+def _quantization(builder: Any, quant: Quant) -> int:
+    Parameters = schema("QuantizationParameters")
+    scale = builder.CreateNumpyVector(quant.scale.astype(np.float32))
+    zero_point = builder.CreateNumpyVector(quant.zero_point.astype(np.int64))
+    Parameters.QuantizationParametersStart(builder)
+    Parameters.QuantizationParametersAddScale(builder, scale)
+    Parameters.QuantizationParametersAddZeroPoint(builder, zero_point)
+    Parameters.QuantizationParametersAddQuantizedDimension(builder, quant.dimension)
+    return Parameters.QuantizationParametersEnd(builder)
 
 
 def _options(builder: Any, table: str, fields: Dict[str, Any]) -> int:
@@ -180,11 +212,11 @@ def _subgraph(builder: Any, tensors: List[int], operators: List[int], inputs: Se
     return SubGraph.SubGraphEnd(builder)
 
 
-def _opcode(builder: Any, op: str) -> int:
+def _opcode(builder: Any, op: str, version: int = 1) -> int:
     OperatorCode = schema("OperatorCode")
     code = builtin_code(op)
     OperatorCode.OperatorCodeStart(builder)
     OperatorCode.OperatorCodeAddDeprecatedBuiltinCode(builder, min(code, _PLACEHOLDER_FOR_GREATER_OP_CODES))
     OperatorCode.OperatorCodeAddBuiltinCode(builder, code)
-    OperatorCode.OperatorCodeAddVersion(builder, _MIN_VERSIONS.get(op, 1))
+    OperatorCode.OperatorCodeAddVersion(builder, max(version, _MIN_VERSIONS.get(op, 1)))
     return OperatorCode.OperatorCodeEnd(builder)

@@ -20,7 +20,7 @@ def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> Tupl
 
 def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
                     padding: Sequence[int], dilation: Sequence[int], pad_value: float = 0.0,
-                    same_ok: bool = True) -> Tuple[int, int]:
+                    same_ok: bool = True, quant: Optional[Any] = None) -> Tuple[int, int]:
     """Torch's symmetric padding as TFLite's SAME or VALID: returns (input tensor, Padding enum).
 
     SAME pads after more than before when the total is odd (stride-2 convolutions with padding 1 hit this), so
@@ -35,7 +35,9 @@ def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequenc
         return x, 0  # Padding.SAME
     pads = np.array([[0, 0], [padding[0], padding[0]], [padding[1], padding[1]], [0, 0]], dtype=np.int32)
     padded = [shape[0], shape[2] + 2 * padding[0], shape[3] + 2 * padding[1], shape[1]]
-    out = ctx.writer.tensor("pad", padded)
+    out = ctx.writer.tensor("pad", padded, np.int8 if quant is not None else np.float32, quant)
+    if quant is not None:  # int8 PAD fills with the zero point, i.e. 0.0
+        ctx.writer.require_version("PAD", 3)
     if pad_value == 0.0:
         ctx.writer.operator("PAD", [x, ctx.writer.constant(pads)], [out], "PadOptions")
     else:
@@ -62,6 +64,11 @@ def convolution(ctx: Lowering, node: Any, x: Value, weight: Value, bias: Optiona
     out_channels, per_group, kh, kw = w.shape
     in_channels = x.shape[1]
     b = bias.data.astype(np.float32) if bias is not None else np.zeros(out_channels, np.float32)
+    if ctx.quantize and (groups == 1 or (groups == in_channels and per_group == 1)):
+        from edgedyn.backends.tflite.ops import quantized
+
+        return quantized.convolution(ctx, node, x, w, b, stride, padding, dilation, groups)
+    x = ctx.dequantized(x)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, (kh, kw), stride, padding, dilation)
     fields = dict(padding=mode, stride_h=stride[0], stride_w=stride[1], dilation_h_factor=dilation[0],
                   dilation_w_factor=dilation[1])

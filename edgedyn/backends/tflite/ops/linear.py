@@ -13,8 +13,13 @@ aten = torch.ops.aten
 _NO_BIAS = -1  # TFLite's marker for an omitted optional input
 
 
-def fully_connected(ctx: Lowering, node: Any, x: Value, weight: np.ndarray, bias: Optional[Value]) -> Value:
-    """x @ weight.T + bias, with weight (out, in) as torch's Linear stores it."""
+def fully_connected(ctx: Lowering, node: Any, x: Value, weight: np.ndarray, bias: Optional[Value],
+                    x_node: Any = None) -> Value:
+    """x @ weight.T + bias, with weight (out, in) as torch's Linear stores it; `x_node` is x's graph node."""
+    if ctx.quantize:
+        from edgedyn.backends.tflite.ops import quantized
+
+        return quantized.fully_connected(ctx, node, x, weight, bias, x_node)
     shape = list(node.meta["val"].shape)
     bias_tensor = _NO_BIAS
     if bias is not None and bias.is_constant and bias.data.shape == (weight.shape[0],):
@@ -35,21 +40,22 @@ def addmm(ctx: Lowering, node: Any, bias: Value, a: Value, b: Value, beta: float
     if beta != 1 or alpha != 1:
         raise Unsupported("addmm with beta={} alpha={}".format(beta, alpha))
     if b.is_constant:
-        return fully_connected(ctx, node, a, b.data.T, bias)
+        return fully_connected(ctx, node, a, b.data.T, bias, node.args[1])
+    a, b, bias = ctx.dequantized(a), ctx.dequantized(b), ctx.dequantized(bias)
     product = batch_matmul(ctx, node, a, b)
     return binary(ctx, "ADD", product, bias, product.shape, "AddOptions")
 
 
 def mm(ctx: Lowering, node: Any, a: Value, b: Value) -> Value:
     if b.is_constant:
-        return fully_connected(ctx, node, a, b.data.T, None)
-    return batch_matmul(ctx, node, a, b)
+        return fully_connected(ctx, node, a, b.data.T, None, node.args[0])
+    return batch_matmul(ctx, node, ctx.dequantized(a), ctx.dequantized(b))
 
 
 def linear(ctx: Lowering, node: Any, x: Value, weight: Value, bias: Optional[Value] = None) -> Value:
     if not weight.is_constant:
         raise Unsupported("linear weights computed at run time")
-    return fully_connected(ctx, node, x, weight.data, bias)
+    return fully_connected(ctx, node, x, weight.data, bias, node.args[0])
 
 
 CONVERTERS = {

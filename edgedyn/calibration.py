@@ -1,0 +1,139 @@
+"""Calibration and evaluation inputs for `--quantize`: where they come from, and how they meet each specialization.
+
+A source is a folder of .npy files (one sample each, or one file per input named after it inside a sub-folder per
+sample), an .npz (one array per input, the samples stacked along dim 0), `path.py:fn` (a function returning an
+iterable of input tuples), or the word `random`. Samples are tuples of arrays in the order of the model's tensor
+inputs. Each specialization gets batches of exactly its input shapes: samples that already have them are used as
+they are; otherwise the samples are concatenated along dim 0 and cut again to the specialization's batch size (so
+the same 1x64 samples calibrate both x=1x64 and x=8x64).
+"""
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edgedyn.errors import EdgedynError
+
+RANDOM = "random"
+RANDOM_SAMPLES = 32
+Sample = Tuple[np.ndarray, ...]
+
+RANDOM_REFUSED = (
+    "--quantize {mode} needs calibration data: int8 scales are the ranges activations take on real inputs, and "
+    "random inputs give meaningless scales (the accuracy numbers would describe noise, not your data)")
+RANDOM_HINT = ("pass --calibration DIR (a folder of .npy files), FILE.npz or path.py:fn returning input tuples; "
+               "--calibration random accepts random normal inputs anyway (for smoke tests only)")
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Samples from one source, in tensor-input order; `random` when they are to be drawn per specialization."""
+
+    source: str
+    samples: Tuple[Sample, ...] = ()
+    random: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.random and not self.samples:
+            raise EdgedynError("{} holds no samples".format(self.source),
+                               hint="calibration needs at least one input sample; a few hundred is typical")
+
+
+def load(source: Any, what: str = "--calibration") -> Samples:
+    """The samples of a source: a path string (folder, .npz, .npy, path.py:fn), `random`, or an iterable of tuples."""
+    if isinstance(source, Samples):
+        return source
+    if isinstance(source, str) and source == RANDOM:
+        return Samples(source=RANDOM, random=True)
+    if not isinstance(source, (str, Path)):
+        return Samples(source="<iterable>", samples=tuple(_as_sample(s) for s in source))
+    text = str(source)
+    if ".py:" in text:
+        return Samples(source=text, samples=tuple(_as_sample(s) for s in _call_function(text, what)))
+    path = Path(text)
+    if not path.exists():
+        raise EdgedynError("{} {}: no such file or folder".format(what, text), hint=RANDOM_HINT)
+    if path.is_dir():
+        return Samples(source=text, samples=_folder(path, what))
+    if path.suffix == ".npz":
+        with np.load(str(path), allow_pickle=False) as data:
+            arrays = [data[key] for key in data.files]
+        return Samples(source=text, samples=tuple(zip(*[list(a) for a in arrays])) if arrays else ())
+    if path.suffix == ".npy":
+        return Samples(source=text, samples=tuple((a,) for a in np.load(str(path), allow_pickle=False)))
+    raise EdgedynError("{} {}: expected a folder of .npy files, an .npz, or path.py:fn".format(what, text),
+                       hint=RANDOM_HINT)
+
+
+def _folder(path: Path, what: str) -> Tuple[Sample, ...]:
+    files = sorted(path.glob("*.npy"))
+    if files:
+        return tuple((np.load(str(f), allow_pickle=False),) for f in files)
+    folders = sorted(p for p in path.iterdir() if p.is_dir())
+    if folders:  # one sub-folder per sample with one .npy per input, in name order
+        return tuple(tuple(np.load(str(f), allow_pickle=False) for f in sorted(d.glob("*.npy"))) for d in folders)
+    raise EdgedynError("{} {}: the folder has no .npy files".format(what, path), hint=RANDOM_HINT)
+
+
+def _call_function(reference: str, what: str) -> Any:
+    file_name, function = reference.rsplit(":", 1)
+    spec = importlib.util.spec_from_file_location("edgedyn_calibration", file_name)
+    if spec is None or not Path(file_name).exists():
+        raise EdgedynError("{} {}: cannot load {}".format(what, reference, file_name), hint=RANDOM_HINT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    if not hasattr(module, function):
+        raise EdgedynError("{} {}: {} has no function '{}'".format(what, reference, file_name, function))
+    return getattr(module, function)()
+
+
+def _as_sample(item: Any) -> Sample:
+    items = item if isinstance(item, (tuple, list)) else (item,)
+    return tuple(np.asarray(x.detach().numpy() if hasattr(x, "detach") else x) for x in items)
+
+
+def split(samples: Samples, held_out: float = 0.2) -> Tuple[Samples, Samples]:
+    """(calibration, evaluation): the last `held_out` share of the samples (at least one) is kept for evaluation.
+
+    With a single sample both sides share it: the accuracy numbers then say so in the manifest.
+    """
+    if samples.random:
+        return samples, samples
+    count = len(samples.samples)
+    held = max(1, int(round(count * held_out))) if count > 1 else 0
+    calibrate = samples.samples[:count - held] if held else samples.samples
+    evaluate = samples.samples[count - held:] if held else samples.samples
+    return (Samples(source=samples.source, samples=calibrate),
+            Samples(source=samples.source + " (held out)" if held else samples.source, samples=evaluate))
+
+
+def batches(samples: Samples, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
+            seed: int = 0, count: Optional[int] = None) -> List[List[np.ndarray]]:
+    """Input lists of exactly `shapes` for one specialization (see the module docstring)."""
+    if samples.random:
+        rng = np.random.default_rng(seed)
+        return [[rng.standard_normal(tuple(s)).astype(d) for s, d in zip(shapes, dtypes)]
+                for _ in range(count or RANDOM_SAMPLES)]
+    for sample in samples.samples:
+        if len(sample) != len(shapes):
+            raise EdgedynError("{}: a sample has {} array(s), the model takes {} tensor input(s)".format(
+                samples.source, len(sample), len(shapes)), hint="return one tuple of arrays per sample, in input order")
+    if all(tuple(a.shape) == tuple(s) for sample in samples.samples for a, s in zip(sample, shapes)):
+        return [[np.ascontiguousarray(a, dtype=d) for a, d in zip(sample, dtypes)] for sample in samples.samples]
+    columns = []
+    for index, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+        arrays = [np.asarray(sample[index]) for sample in samples.samples]
+        rows = [a.reshape((1,) + a.shape) if a.ndim == len(shape) - 1 else a for a in arrays]
+        if any(r.ndim != len(shape) or tuple(r.shape[1:]) != tuple(shape[1:]) for r in rows):
+            raise EdgedynError("{}: input {} has samples of shape {}, the specialization needs {}".format(
+                samples.source, index, sorted({tuple(a.shape) for a in arrays}), "x".join(map(str, shape))),
+                hint="give samples of the exported shape, or of the same shape without the batch dimension")
+        columns.append(np.concatenate(rows).astype(dtype))
+    total, batch = columns[0].shape[0], int(shapes[0][0]) if shapes[0] else 1
+    if total < batch:  # fewer rows than one batch: repeat them, the ranges are still those of the data
+        columns = [np.concatenate([c] * (-(-batch // total))) for c in columns]
+        total = columns[0].shape[0]
+    return [[np.ascontiguousarray(c[start:start + batch]) for c in columns]
+            for start in range(0, total - batch + 1, batch)]

@@ -1,0 +1,68 @@
+"""int8 quantization: the modes, which backends give real integer kernels, and what each backend is handed.
+
+Note: quantization happens inside the two backends whose runtimes execute int8 kernels, on their own formats,
+not as a pass over the ATen graph. Why each path:
+- onnxruntime: the ONNX Runtime quantizer (onnxruntime.quantization) writes QuantizeLinear/DequantizeLinear
+  around Conv/Gemm/MatMul with int8 initializers (QDQ); ORT fuses those into QLinearConv/QGemm/QLinearAdd or
+  MatMulInteger at session creation on the board, for that CPU. torch 2.13 has PT2E only in torchao (not a
+  dependency here), and torch's ONNX exporter would emit the same QDQ pattern anyway.
+- tflite: our own .tflite writer emits int8 tensors with per-channel scales feeding CONV_2D, DEPTHWISE_CONV_2D
+  and FULLY_CONNECTED, and QUANTIZE/DEQUANTIZE where float ops remain; LiteRT hands those to XNNPACK's int8
+  kernels. Activation ranges come from running the ATen graph on the calibration data (quantize/ranges.py).
+- tvm and portable: TVM's frontends take quantize ops but compute in float between them (FACTS.md), and the
+  portable executor is numpy float; both refuse --quantize with the backends that can.
+"""
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+
+from edgedyn.errors import EdgedynError
+
+MODES = ("int8", "int8-weights")
+# Backends whose artifacts run integer kernels on the board, in the order `auto` prefers them.
+QUANTIZING_BACKENDS = ("onnxruntime", "tflite")
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """What a backend needs to quantize one specialization: the mode and, for static int8, calibration batches."""
+
+    mode: str
+    calibration: List[List[np.ndarray]] = field(default_factory=list, compare=False)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        check_mode(self.mode)
+        if self.mode == "int8" and not self.calibration:
+            raise EdgedynError("--quantize int8 needs calibration batches", hint="pass --calibration")
+
+    @property
+    def static(self) -> bool:
+        return self.mode == "int8"
+
+
+def check_mode(mode: Optional[str]) -> None:
+    if mode is not None and mode not in MODES:
+        raise EdgedynError("unknown quantization '{}'; choose from: {}".format(mode, ", ".join(MODES)),
+                           hint="int8: int8 weights and activations (needs --calibration); "
+                                "int8-weights: int8 weights, activations quantized at run time")
+
+
+def check_backend(mode: Optional[str], backend: str) -> None:
+    """Fails before any work when `backend` cannot run int8 kernels (auto is narrowed later)."""
+    if mode is None or backend == "auto" or backend in QUANTIZING_BACKENDS:
+        return
+    why = {"tvm": "TVM's frontends compute in float between quantize and dequantize ops, so int8 gives no "
+                  "integer kernels there",
+           "portable": "the portable executor computes in numpy float32"}.get(backend, "it has no int8 kernels")
+    raise EdgedynError("--quantize {} is not supported by backend '{}': {}".format(mode, backend, why),
+                       hint="use --backend {} (or auto, which then considers only those)".format(
+                           " or --backend ".join(QUANTIZING_BACKENDS)))
+
+
+def weight_bytes(program: object) -> int:
+    """Bytes of the float parameters and constants of an ExportedProgram (the fp32 weights before quantizing)."""
+    tensors = dict(program.state_dict)  # type: ignore[attr-defined]
+    tensors.update(program.constants)  # type: ignore[attr-defined]
+    return int(sum(t.numel() * t.element_size() for t in tensors.values() if hasattr(t, "numel")))

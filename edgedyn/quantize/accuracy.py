@@ -1,0 +1,109 @@
+"""The accuracy gate: a quantized artifact against the float reference (torch eager) on held-out inputs.
+
+Per output: `max_abs_error`, `cosine` (mean over samples of the cosine similarity of each sample's flattened
+output) and, for classifier-shaped outputs (2-d [batch, classes]), `top1_agreement` (the share of rows whose
+argmax is the same). `--max-accuracy-drop` takes comma-separated bounds: `top1=1%` (at most 1% of rows change
+their top-1 class), `cosine=0.99` (mean cosine at least 0.99), `max_abs=0.05`.
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from edgedyn.errors import EdgedynError
+
+GATE_KEYS = ("top1", "cosine", "max_abs")
+GATE_HINT = "write bounds as top1=1% (allowed top-1 drop), cosine=0.99 (minimum), max_abs=0.05, comma-separated"
+# Note: a quantized artifact on the board is verified against its own outputs recorded at export on the same
+# reference inputs (the bundle member `expected`), not against torch eager: int8 rounding already differs from
+# float by design (that is what the accuracy numbers measure), while a second CPU's int8 kernels may round an
+# intermediate value one step differently. The bound below is relative to the largest output magnitude: one int8
+# step of a wide activation, propagated through a small net, stays well below it, and a wrong kernel or layout
+# is O(1). Used by edgedyn/runtime/program.py through the artifact's `tolerance`.
+INT8_TOLERANCE = {"rtol": 0.02, "atol": 1e-5}
+# A candidate of `auto` is rejected as broken (not as inaccurate) below this cosine to the float reference.
+SANITY_COSINE = 0.9
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Bounds from --max-accuracy-drop; None where not given."""
+
+    top1_drop: Optional[float] = None
+    min_cosine: Optional[float] = None
+    max_abs: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.top1_drop is not None and not 0 <= self.top1_drop <= 1:
+            raise EdgedynError("--max-accuracy-drop top1={:g}%: expected 0% to 100%".format(self.top1_drop * 100),
+                               hint=GATE_HINT)
+        if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
+            raise EdgedynError("--max-accuracy-drop cosine={:g}: expected -1 to 1".format(self.min_cosine),
+                               hint=GATE_HINT)
+
+    def to_dict(self) -> Dict[str, float]:
+        named = {"top1_drop": self.top1_drop, "min_cosine": self.min_cosine, "max_abs_error": self.max_abs}
+        return {k: v for k, v in named.items() if v is not None}
+
+
+def parse_gate(text: Optional[str]) -> Optional[Gate]:
+    """`top1=1%,cosine=0.99` -> Gate; None for None or empty."""
+    if not text:
+        return None
+    values = {}  # type: Dict[str, float]
+    for part in text.split(","):
+        key, _, value = part.strip().partition("=")
+        key = key.strip().lower()
+        if key not in GATE_KEYS or not value:
+            raise EdgedynError("--max-accuracy-drop: cannot read '{}'; keys are {}".format(
+                part.strip(), ", ".join(GATE_KEYS)), hint=GATE_HINT)
+        try:
+            number = float(value.strip().rstrip("%")) / (100.0 if value.strip().endswith("%") else 1.0)
+        except ValueError:
+            raise EdgedynError("--max-accuracy-drop {}: '{}' is not a number".format(key, value), hint=GATE_HINT)
+        if key == "top1" and not value.strip().endswith("%") and number > 1:
+            number /= 100.0  # top1=1 means 1%, as people write it
+        values[key] = number
+    return Gate(top1_drop=values.get("top1"), min_cosine=values.get("cosine"), max_abs=values.get("max_abs"))
+
+
+def output_metrics(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> Dict[str, Any]:
+    """Metrics of one output over batches: lists of arrays of the same shapes."""
+    a = np.concatenate([np.asarray(g, np.float64).reshape(np.shape(g)[0] if np.ndim(g) else 1, -1) for g in got])
+    b = np.concatenate([np.asarray(w, np.float64).reshape(np.shape(w)[0] if np.ndim(w) else 1, -1) for w in want])
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    cosines = np.where(norms > 0, np.sum(a * b, axis=1) / np.where(norms > 0, norms, 1), 1.0)
+    metrics = {"max_abs_error": float(np.max(np.abs(a - b))) if a.size else 0.0,
+               "cosine": float(np.mean(cosines)), "cosine_min": float(np.min(cosines)),
+               "reference_max_abs": float(np.max(np.abs(b))) if b.size else 0.0, "samples": int(a.shape[0])}
+    if np.ndim(want[0]) == 2 and np.shape(want[0])[1] > 1:  # [batch, classes]
+        metrics["top1_agreement"] = float(np.mean(np.argmax(a, axis=1) == np.argmax(b, axis=1)))
+    return metrics
+
+
+def check(gate: Optional[Gate], outputs: List[Dict[str, Any]], where: str) -> None:
+    """Fails the export with the measured numbers when an output misses a bound of the gate."""
+    if gate is None:
+        return
+    misses = []
+    for record in outputs:
+        name = record["name"]
+        agreement = record.get("top1_agreement")
+        if gate.top1_drop is not None and agreement is not None and 1.0 - agreement > gate.top1_drop + 1e-12:
+            misses.append("{} top-1 agreement {:.2%} (drop {:.2%} > allowed {:.2%})".format(
+                name, agreement, 1.0 - agreement, gate.top1_drop))
+        if gate.min_cosine is not None and record["cosine"] < gate.min_cosine:
+            misses.append("{} cosine {:.6f} < {:g}".format(name, record["cosine"], gate.min_cosine))
+        if gate.max_abs is not None and record["max_abs_error"] > gate.max_abs:
+            misses.append("{} max abs error {:.4g} > {:g}".format(name, record["max_abs_error"], gate.max_abs))
+    if gate.top1_drop is not None and not any("top1_agreement" in r for r in outputs):
+        misses.append("top1 bound given, but no output is classifier-shaped (2-d [batch, classes])")
+    if misses:
+        measured = "; ".join("{}: max abs error {:.4g}, cosine {:.6f}{}".format(
+            r["name"], r["max_abs_error"], r["cosine"],
+            ", top-1 agreement {:.2%}".format(r["top1_agreement"]) if "top1_agreement" in r else "")
+            for r in outputs)
+        raise EdgedynError("the quantized model misses --max-accuracy-drop on {}: {} (measured on {} held-out "
+                           "sample(s): {})".format(where, "; ".join(misses), outputs[0]["samples"], measured),
+                           hint="calibrate with more representative data, try --quantize int8-weights or another "
+                                "--backend, or relax --max-accuracy-drop")

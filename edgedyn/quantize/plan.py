@@ -1,0 +1,115 @@
+"""What `edgedyn.export(..., quantize=...)` does around the backends: check the request before any work, hand each
+specialization its calibration batches, then measure the quantized artifact against torch eager and apply the gate.
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from edgedyn import calibration as calibration_data
+from edgedyn.errors import EdgedynError
+from edgedyn.quantize import Quantization, check_backend, check_mode
+from edgedyn.quantize.accuracy import Gate, check, output_metrics, parse_gate
+
+EXPECTED = "expected"  # artifact file role: its own outputs on the reference inputs, for `edgedyn verify`
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str
+    calibration: Optional[calibration_data.Samples]
+    evaluation: Optional[calibration_data.Samples]
+    gate: Optional[Gate]
+
+    def quantization(self, spec: Any) -> Quantization:
+        """The backend's input for one specialization: calibration batches of its shapes."""
+        batches = []  # type: List[List[np.ndarray]]
+        if self.mode == "int8" and self.calibration is not None:
+            batches = calibration_data.batches(self.calibration, *_shapes(spec))
+        return Quantization(mode=self.mode, calibration=batches,
+                            source=self.calibration.source if self.calibration else "")
+
+    def evaluation_batches(self, spec: Any) -> Tuple[List[List[np.ndarray]], str]:
+        if self.evaluation is None:  # int8-weights without data: the example inputs are all there is
+            return [[t.numpy() for t in spec.example_tensors]], "the example inputs"
+        return calibration_data.batches(self.evaluation, *_shapes(spec), seed=1), self.evaluation.source
+
+
+def plan(mode: Optional[str], backend: str, device: str, calibration: Any = None, eval_inputs: Any = None,
+         max_accuracy_drop: Optional[str] = None) -> Optional[Plan]:
+    """Checks the quantization options before any work; None when not quantizing."""
+    check_mode(mode)
+    if mode is None:
+        given = [name for name, value in (("--calibration", calibration), ("--eval-inputs", eval_inputs),
+                                          ("--max-accuracy-drop", max_accuracy_drop)) if value is not None]
+        if given:
+            raise EdgedynError("{} applies only with --quantize".format(", ".join(given)),
+                               hint="add --quantize int8 (or int8-weights), or drop {}".format(", ".join(given)))
+        return None
+    check_backend(mode, backend)
+    if device == "gpu":
+        raise EdgedynError("--quantize {} builds CPU artifacts (onnxruntime, tflite); --device gpu builds TVM CUDA "
+                           "code, which has no int8 path".format(mode), hint="use --device cpu or auto")
+    if mode == "int8" and calibration is None:
+        raise EdgedynError(calibration_data.RANDOM_REFUSED.format(mode=mode), hint=calibration_data.RANDOM_HINT)
+    gate = parse_gate(max_accuracy_drop)
+    samples = calibration_data.load(calibration) if calibration is not None else None
+    evaluation = None  # type: Optional[calibration_data.Samples]
+    if eval_inputs is not None:
+        evaluation = calibration_data.load(eval_inputs, "--eval-inputs")
+    elif samples is not None:
+        samples, evaluation = calibration_data.split(samples)
+    return Plan(mode=mode, calibration=samples, evaluation=evaluation, gate=gate)
+
+
+def finish(plan: Plan, artifact: Any, spec: Any) -> Any:
+    """Measures the quantized artifact against torch eager on held-out inputs, records it, applies the gate."""
+    import torch
+
+    from edgedyn.runtime.format import pack_arrays
+    from edgedyn.selection import open_executor
+
+    batches, source = plan.evaluation_batches(spec)
+    module = spec.program.module()
+    with torch.no_grad():
+        want = [[o.detach().numpy() for o in module(*[torch.from_numpy(a) for a in batch])] for batch in batches]
+    with open_executor(artifact) as (executor, _):
+        got = [[np.asarray(o) for o in executor.run(batch)] for batch in batches]
+        expected = executor.run([np.ascontiguousarray(t.numpy()) for t in spec.example_tensors])
+    outputs = [dict(output_metrics([g[i] for g in got], [w[i] for w in want]), name="output_{}".format(i))
+               for i in range(len(want[0]))]
+    record = dict(artifact.meta["quantization"])
+    record["calibration"] = {"source": plan.calibration.source if plan.calibration else None,
+                             "batches": len(plan.quantization(spec).calibration) if plan.mode == "int8" else 0}
+    record["accuracy"] = {"reference": "torch eager (float32)", "inputs": source, "batches": len(batches),
+                          "outputs": outputs}
+    if plan.gate is not None:
+        record["accuracy"]["gate"] = plan.gate.to_dict()
+    check(plan.gate, outputs, "{} ({})".format(spec.name, artifact.backend))
+    artifact.meta = dict(artifact.meta, quantization=record)
+    artifact.files = dict(artifact.files, **{EXPECTED: pack_arrays(
+        {"output.{}".format(i): np.asarray(a) for i, a in enumerate(expected)})})
+    artifact.file_names = dict(artifact.file_names, **{EXPECTED: "expected.npz"})
+    return artifact
+
+
+def _shapes(spec: Any) -> Tuple[List[List[int]], List[Any]]:
+    return [list(t.shape) for t in spec.example_tensors], [t.numpy().dtype for t in spec.example_tensors]
+
+
+def summary(artifact_record: Dict[str, Any]) -> Optional[str]:
+    """One line for people: mode, weights before and after, and the agreement numbers."""
+    record = artifact_record.get("quantization")
+    if not record:
+        return None
+    weights = record.get("weights", {})
+    parts = ["{} ({})".format(record["mode"], artifact_record["backend"])]
+    if weights:
+        parts.append("weights {} -> {} bytes".format(weights.get("fp32_bytes"), weights.get("quantized_bytes")))
+    for output in record.get("accuracy", {}).get("outputs", []):
+        parts.append("{}: max abs error {:.4g}, cosine {:.5f}{}".format(
+            output["name"], output["max_abs_error"], output["cosine"],
+            ", top-1 agreement {:.1%}".format(output["top1_agreement"]) if "top1_agreement" in output else ""))
+    return "; ".join(parts)
+
+

@@ -1,0 +1,230 @@
+"""int8 quantization: integer kernels really in the artifacts, accuracy against torch eager, the gate, the errors."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgedyn
+from edgedyn.errors import EdgedynError
+from edgedyn.quantize.accuracy import output_metrics, parse_gate
+from edgedyn.runtime.format import Bundle
+
+from conftest import EXAMPLES
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("tflite")
+
+# (model reference, --input, one calibration sample's shape)
+MODELS = {
+    "tiny_cnn": ("tiny_cnn.py:TinyCNN", ["x=1x3x64x64"], (1, 3, 64, 64)),
+    "mobilenet_v2": ("mobilenet_v2.py:MobileNetV2", ["x=1x3x96x96"], (1, 3, 96, 96)),
+    "mlp": ("mlp.py:MLP", ["x=1x64", "x=8x64"], (1, 64)),
+}
+BACKENDS = ("onnxruntime", "tflite")
+
+
+def calibration(shape, count=40, seed=0):
+    """Random normal images: fine for a test, passed explicitly as calibration data."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(shape).astype(np.float32),) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    cache = {}
+    directory = tmp_path_factory.mktemp("int8")
+
+    def get(model, backend, mode="int8"):
+        if (model, backend, mode) not in cache:
+            reference, inputs, shape = MODELS[model]
+            cache[model, backend, mode] = edgedyn.export(
+                str(EXAMPLES / reference), inputs=inputs, backend=backend, quantize=mode,
+                calibration=calibration(shape) if mode == "int8" else None,
+                output=directory / "{}-{}-{}.edgedyn".format(model, backend, mode))
+        return cache[model, backend, mode]
+
+    return get
+
+
+def quantization_records(path):
+    manifest = Bundle(path).manifest
+    return [spec["artifacts"][-1]["quantization"] for spec in manifest["specializations"]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_int8_export_records_accuracy_and_verifies(quantized, model, backend):
+    path = quantized(model, backend)
+    for record in quantization_records(path):
+        assert record["mode"] == "int8" and record["backend"] == backend
+        assert record["weights"]["quantized_bytes"] < 0.35 * record["weights"]["fp32_bytes"], record["weights"]
+        for output in record["accuracy"]["outputs"]:
+            assert output["cosine"] > 0.999, output
+            assert output["max_abs_error"] < 0.05 * output["reference_max_abs"], output
+            assert "top1_agreement" in output  # every example ends in [batch, classes]
+    results = edgedyn.runtime.load(path).verify()
+    assert results and all(r["ok"] and r["against"] == "int8 outputs recorded at export" for r in results)
+
+
+def test_onnx_artifact_has_qdq_with_int8_weights_that_ort_fuses(quantized, tmp_path):
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    bundle = Bundle(quantized("mobilenet_v2", "onnxruntime"))
+    artifact = bundle.manifest["specializations"][0]["artifacts"][-1]
+    data = bundle.read(artifact["files"]["model"])
+    model = onnx.load_from_string(data)
+    ops = [node.op_type for node in model.graph.node]
+    assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+    int8 = {t.name for t in model.graph.initializer if numpy_helper.to_array(t).dtype == np.int8}
+    produced_by = {out: node for node in model.graph.node for out in node.output}
+    for node in model.graph.node:
+        if node.op_type in ("Conv", "Gemm", "MatMul"):
+            weight = produced_by[node.input[1]]
+            assert weight.op_type == "DequantizeLinear" and weight.input[0] in int8, node.name
+            assert produced_by[node.input[0]].op_type == "DequantizeLinear", node.name
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    fused = {node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert {"QLinearConv", "QGemm"} <= fused, fused
+    assert "Conv" not in fused, fused  # every convolution, depthwise included, runs on integers
+
+
+def test_onnx_int8_weights_uses_integer_matmul(quantized, tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    bundle = Bundle(quantized("mlp", "onnxruntime", "int8-weights"))
+    data = bundle.read(bundle.manifest["specializations"][0]["artifacts"][-1]["files"]["model"])
+    assert "MatMulInteger" in {node.op_type for node in onnx.load_from_string(data).graph.node}
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    optimized = {node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert optimized & {"DynamicQuantizeMatMul", "MatMulInteger"}, optimized
+
+
+def tflite_operators(path):
+    import tflite
+
+    bundle = Bundle(path)
+    data = bundle.read(bundle.manifest["specializations"][0]["artifacts"][-1]["files"]["model"])
+    model = tflite.Model.GetRootAsModel(data, 0)
+    graph = model.Subgraphs(0)
+    names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith("_")}
+    for i in range(graph.OperatorsLength()):
+        op = graph.Operators(i)
+        tensors = [graph.Tensors(op.Inputs(j)) if op.Inputs(j) >= 0 else None for j in range(op.InputsLength())]
+        yield names[model.OperatorCodes(op.OpcodeIndex()).BuiltinCode()], tensors, graph.Tensors(op.Outputs(0))
+
+
+@pytest.mark.parametrize("model", ["tiny_cnn", "mobilenet_v2"])
+def test_tflite_has_int8_tensors_feeding_convolutions(quantized, model):
+    from tflite.TensorType import TensorType
+
+    operators = list(tflite_operators(quantized(model, "tflite")))
+    convolutions = [o for o in operators if o[0] in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")]
+    assert {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"} <= {o[0] for o in convolutions}
+    for name, (x, weights, bias), out in convolutions:
+        assert (x.Type(), weights.Type(), bias.Type(), out.Type()) == (
+            TensorType.INT8, TensorType.INT8, TensorType.INT32, TensorType.INT8), name
+        scales = weights.Quantization().ScaleAsNumpy()
+        assert scales.size == (weights.ShapeAsNumpy()[3] if name == "DEPTHWISE_CONV_2D" else weights.ShapeAsNumpy()[0])
+    assert operators[0][0] == "QUANTIZE" and operators[-1][0] == "DEQUANTIZE"
+
+
+def test_tflite_int8_weights_keeps_float_activations(quantized):
+    from tflite.TensorType import TensorType
+
+    fc = [o for o in tflite_operators(quantized("mlp", "tflite", "int8-weights")) if o[0] == "FULLY_CONNECTED"]
+    assert fc and all(x.Type() == TensorType.FLOAT32 and w.Type() == TensorType.INT8 for _, (x, w, _b), _o in fc)
+
+
+@pytest.mark.parametrize("bound", ["cosine=1.0", "top1=0%,max_abs=0"])
+def test_the_gate_fails_with_the_measured_numbers(tmp_path, bound):
+    reference, inputs, shape = MODELS["tiny_cnn"]
+    with pytest.raises(EdgedynError) as raised:
+        edgedyn.export(str(EXAMPLES / reference), inputs=inputs, backend="tflite", quantize="int8",
+                       calibration=calibration(shape), max_accuracy_drop=bound, output=tmp_path / "x.edgedyn")
+    message = raised.value.message
+    assert "misses --max-accuracy-drop" in message and "max abs error" in message and "cosine 0.99" in message
+    assert "top-1 agreement" in message and "held-out sample(s)" in message
+    assert not (tmp_path / "x.edgedyn").exists()
+
+
+def test_a_reachable_gate_passes_and_is_recorded(tmp_path):
+    reference, inputs, shape = MODELS["tiny_cnn"]
+    path = edgedyn.export(str(EXAMPLES / reference), inputs=inputs, backend="onnxruntime", quantize="int8",
+                          calibration=calibration(shape), max_accuracy_drop="cosine=0.99",
+                          output=tmp_path / "x.edgedyn")
+    assert quantization_records(path)[0]["accuracy"]["gate"] == {"min_cosine": 0.99}
+
+
+def test_int8_without_calibration_is_refused_with_the_reason(run_cli):
+    result = run_cli("export", "examples/tiny_cnn.py:TinyCNN", "-i", "x=1x3x64x64", "--quantize", "int8")
+    assert result.returncode != 0
+    assert "random inputs give meaningless scales" in result.stderr
+    assert "--calibration random" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("backend", ["tvm", "portable"])
+def test_backends_without_int8_kernels_name_those_with(run_cli, backend):
+    result = run_cli("export", "examples/tiny_cnn.py:TinyCNN", "-i", "x=1x3x64x64", "--quantize", "int8",
+                     "--calibration", "random", "--backend", backend)
+    assert result.returncode != 0
+    assert "not supported by backend '{}'".format(backend) in result.stderr
+    assert "--backend onnxruntime or --backend tflite" in result.stderr
+
+
+def test_cli_calibration_folder_auto_backend_and_inspect(run_cli, tmp_path):
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    for i, (x,) in enumerate(calibration((1, 3, 64, 64), count=20)):
+        np.save(folder / "{:03d}.npy".format(i), x)
+    bundle = tmp_path / "tiny-int8.edgedyn"
+    result = run_cli("export", "examples/tiny_cnn.py:TinyCNN", "-i", "x=1x3x64x64", "--quantize", "int8",
+                     "--calibration", str(folder), "--max-accuracy-drop", "top1=5%", "-o", str(bundle))
+    assert result.returncode == 0, result.stderr
+    assert "cosine" in result.stderr
+    manifest = json.loads(run_cli("inspect", "--json", str(bundle)).stdout)
+    artifact = manifest["specializations"][0]["artifacts"][-1]
+    assert artifact["backend"] in ("onnxruntime", "tflite")
+    assert set(artifact["selection"]["medians_ms"]) <= {"onnxruntime", "tflite"}
+    output = artifact["quantization"]["accuracy"]["outputs"][0]
+    assert {"max_abs_error", "cosine", "top1_agreement"} <= set(output)
+    assert artifact["quantization"]["calibration"]["batches"] == 16  # 20 samples, 4 held out
+    text = run_cli("inspect", str(bundle)).stdout
+    assert "quantization  int8" in text and "smaller" in text and "top1_agreement" in text
+
+
+def test_calibration_from_npz_and_a_function(tmp_path):
+    from edgedyn import calibration as data
+
+    rows = np.random.default_rng(0).standard_normal((10, 64)).astype(np.float32)
+    np.savez(tmp_path / "c.npz", x=rows)
+    (tmp_path / "calib.py").write_text("import numpy as np\ndef samples():\n"
+                                       "    return [(np.ones((1, 64), np.float32),) for _ in range(3)]\n")
+    from_npz = data.load(str(tmp_path / "c.npz"))
+    assert len(from_npz.samples) == 10 and from_npz.samples[0][0].shape == (64,)
+    assert [b[0].shape for b in data.batches(from_npz, [[8, 64]], [np.float32])] == [(8, 64)]
+    from_function = data.load("{}:samples".format(tmp_path / "calib.py"))
+    assert len(data.batches(from_function, [[1, 64]], [np.float32])) == 3
+    calibrate, held = data.split(from_npz)
+    assert len(calibrate.samples) == 8 and len(held.samples) == 2
+    with pytest.raises(EdgedynError, match="no such file"):
+        data.load(str(tmp_path / "missing"))
+
+
+def test_metrics_and_gate_parsing():
+    want = [np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])]
+    got = [np.array([[1.0, 0.1, 0.0], [0.0, 0.2, 0.9]])]
+    metrics = output_metrics(got, want)
+    assert metrics["top1_agreement"] == 0.5 and metrics["max_abs_error"] == pytest.approx(0.9)
+    assert 0 < metrics["cosine"] < 1
+    assert parse_gate("top1=1%,cosine=0.99").to_dict() == {"top1_drop": 0.01, "min_cosine": 0.99}
+    with pytest.raises(EdgedynError, match="keys are top1, cosine, max_abs"):
+        parse_gate("accuracy=1%")
