@@ -126,3 +126,16 @@ def test_the_real_gpu_check_builds_for_a_local_gpu_without_one():
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout.splitlines()[0])
     assert row["model"] == "mlp" and row["arch"] == "sm_90" and row["kernels"] > 0
+
+
+def test_inspect_says_what_the_gpu_code_needs_and_what_this_machine_would_run(export_example, run_cli):
+    import json
+
+    # The Nano prefers onnxruntime on its CPU: a portable artifact that this x86 machine can run too.
+    bundle = export_example("tiny_cnn", board="jetson-nano", backend="auto")
+    shown = run_cli("inspect", str(bundle))
+    assert shown.returncode == 0, shown.stderr
+    assert "gpu      sm_53: PTX (PTX ISA 8.5" in shown.stdout and "needs a CUDA 12.6+ driver" in shown.stdout
+    assert "here     would run onnxruntime-cpu; tvm-cuda (sm_53) not used: " in shown.stdout
+    here = json.loads(run_cli("inspect", "--json", str(bundle)).stdout)["this_machine"]["x=1x3x64x64"]
+    assert here["would_run"] == "onnxruntime-cpu" and here["skipped"][0][0] == "tvm-cuda (sm_53)"

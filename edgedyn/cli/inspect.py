@@ -29,9 +29,10 @@ def inspect_command(
 
         show_memory(opened, picture_dir or Path.cwd())
         return
+    here = {spec["name"]: _here(spec) for spec in manifest["specializations"]}
     if json_:
         print_json(dict(manifest, bundle={"path": str(bundle), "sha256": opened.sha256,
-                                          "size": bundle.stat().st_size}))
+                                          "size": bundle.stat().st_size}, this_machine=here))
         return
     board = manifest["board"]
     out.print("{}  {}".format(bundle.name, human_bytes(bundle.stat().st_size)), style="bold")
@@ -59,8 +60,54 @@ def inspect_command(
                           artifact["target"], files)
         out.print(table)
         for artifact in spec["artifacts"]:
+            if "gpu" in artifact:
+                _gpu(artifact)
+            if "selection" in artifact:
+                out.print("  chosen   {}".format(_selection(artifact["selection"])))
             if "quantization" in artifact:
                 _quantization(artifact["quantization"])
+        chosen = here[spec["name"]]
+        out.print("  here     {}{}".format(
+            "would run " + chosen["would_run"] if chosen["would_run"] else "nothing can run on this machine",
+            "".join("; {} not used: {}".format(label, reason) for label, reason in chosen["skipped"])))
+
+
+def _here(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Which artifact this machine would run (no executor is loaded), and why it would skip the ones before it."""
+    from edgedyn.runtime.format import host_arch
+    from edgedyn.runtime.program import artifact_label, unusable_reason
+
+    skipped = []
+    for artifact in spec["artifacts"]:
+        reason = unusable_reason(artifact, host_arch(), "auto")
+        if reason is None:
+            return {"would_run": artifact_label(artifact), "skipped": skipped}
+        skipped.append([artifact_label(artifact), reason])
+    return {"would_run": None, "skipped": skipped}
+
+
+def _gpu(artifact: Dict[str, Any]) -> None:
+    gpu = artifact["gpu"]
+    out.print("  gpu      {}: {} (PTX ISA {}, {} kernels, NVRTC {}), needs a CUDA {}+ driver and {}".format(
+        gpu["arch"], gpu["code_format"].upper(), gpu["ptx_isa"], gpu["kernels"], gpu.get("nvrtc", "?"),
+        gpu["min_cuda_driver"], gpu["runtime"]))
+    accuracy = artifact.get("accuracy")
+    if accuracy:
+        worst = max(accuracy["outputs"], key=lambda o: o["max_rel_error"])
+        out.print("  {}     max relative error {:.2e}, cosine {:.6f} ({})".format(
+            artifact.get("precision", "fp32"), worst["max_rel_error"], worst["cosine"], accuracy["measured_on"]))
+
+
+def _selection(selection: Dict[str, Any]) -> str:
+    mode = selection.get("mode")
+    if mode == "measured":
+        medians = ", ".join("{} {:.3g} ms".format(k, v) for k, v in sorted(selection.get("medians_ms", {}).items(),
+                                                                          key=lambda kv: kv[1]))
+        rejected = "; rejected: " + ", ".join(sorted(selection["rejected"])) if selection.get("rejected") else ""
+        return "{} (measured here: {}{})".format(selection.get("chosen"), medians, rejected)
+    if mode == "board preference":
+        return "{} (board preference {})".format(selection.get("chosen"), " > ".join(selection.get("order", [])))
+    return "{} (asked for)".format(selection.get("requested", selection.get("chosen", "")))
 
 
 def _quantization(record: Dict[str, Any]) -> None:
