@@ -87,15 +87,6 @@ def _sigmoid(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: 
     return lambda: _sigmoid_into(out, x)
 
 
-def _silu(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
-    out, x, s = outs[0], args[0], scratch[0]
-
-    def run() -> None:
-        _sigmoid_into(s, x)
-        np.multiply(x, s, out=out)
-    return run
-
-
 def _hardsigmoid_into(out: np.ndarray, x: np.ndarray) -> None:
     np.add(x, 3.0, out=out)
     np.maximum(out, 0.0, out=out)
@@ -108,13 +99,20 @@ def _hardsigmoid(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scrat
     return lambda: _hardsigmoid_into(out, x)
 
 
-def _hardswish(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
-    out, x, s = outs[0], args[0], scratch[0]
+def _gated(gate_into: Callable[[np.ndarray, np.ndarray], None]) -> Callable[..., Run]:
+    """x * gate(x) with the gate computed into scratch: silu (sigmoid gate) and hardswish (hard-sigmoid gate)."""
+    def build(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+        out, x, s = outs[0], args[0], scratch[0]
 
-    def run() -> None:
-        _hardsigmoid_into(s, x)
-        np.multiply(x, s, out=out)
-    return run
+        def run() -> None:
+            gate_into(s, x)
+            np.multiply(x, s, out=out)
+        return run
+    return build
+
+
+_silu = _gated(_sigmoid_into)
+_hardswish = _gated(_hardsigmoid_into)
 
 
 # erf by Abramowitz and Stegun 7.1.26 (|error| <= 1.5e-7): numpy has no erf, and scipy is not on the board.
