@@ -5,7 +5,7 @@ An executor is a class built as `Executor(bundle, artifact, options)` with
 `describe() -> Dict[str, Any]` (what it runs on, for inspect and bench).
 """
 import importlib
-from typing import Any, Dict
+from typing import Any
 
 from edgedyn.runtime.errors import BundleError
 
@@ -29,6 +29,3 @@ def executor_class(name: str) -> Any:
     module_name, class_name = EXECUTORS[name].split(":")
     return getattr(importlib.import_module(module_name), class_name)
 
-
-def options_dict(threads: Any = None) -> Dict[str, Any]:
-    return {"threads": threads}

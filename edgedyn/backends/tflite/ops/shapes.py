@@ -1,5 +1,4 @@
 """Ops that move or reinterpret elements: reshape and its relatives, permute, slice, select, expand, cat, split."""
-import sys
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
