@@ -68,9 +68,10 @@ class Program:
         self.specializations = [Specialization(record) for record in self.manifest["specializations"]]
         for spec in self.specializations:
             self._choose_artifact(spec, device, threads)
-            level = logging.WARNING if any(a.get("device", "cpu") != "cpu" for a in spec.record["artifacts"]) \
-                and spec.artifact.get("device", "cpu") == "cpu" and device != "cpu" else logging.INFO
-            log.log(level, "edgedyn: %s", spec.selection())
+            # A bundle with GPU code that runs on the CPU here deserves a warning, unless the user asked for the CPU.
+            has_gpu_code = any(a.get("device", "cpu") != "cpu" for a in spec.record["artifacts"])
+            fell_back = has_gpu_code and spec.artifact.get("device", "cpu") == "cpu" and device != "cpu"
+            log.log(logging.WARNING if fell_back else logging.INFO, "edgedyn: %s", spec.selection())
         self.init_ms = (time.perf_counter() - started) * 1000.0
 
     def _choose_artifact(self, spec: Specialization, device: str, threads: Optional[int]) -> None:
