@@ -31,6 +31,8 @@ __all__ = [
     "run_on_board",
 ]
 
+REPO = Path(__file__).resolve().parents[2]  # the checkout whose edgedyn the board runs
+
 INSTALL_HINT = "bash scripts/install.sh"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # Bump when the build recipe changes, so existing caches are rebuilt instead of silently reused.
@@ -184,6 +186,14 @@ def run_on_board(
         text=True,
         timeout=timeout,
     )
+
+
+def run_edgedyn(rootfs: Path, argv: Sequence[str], cpu: str = "cortex-a72",
+                env: Optional[Mapping[str, str]] = None) -> "subprocess.CompletedProcess[str]":
+    """Run the board's python3 with this checkout's edgedyn importable and its bundle cache inside the rootfs."""
+    environment = {"EDGEDYN_CACHE": str(Path(rootfs) / "root" / "edgedyn-cache")}
+    environment.update(env or {})
+    return run_on_board(rootfs, argv, cpu=cpu, env=environment, pythonpath=[REPO])
 
 
 def _board_env(rootfs: Path, extra: Optional[Mapping[str, str]], pythonpath: Sequence[Path]) -> Dict[str, str]:

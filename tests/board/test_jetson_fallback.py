@@ -5,7 +5,7 @@ import pytest
 
 from conftest import REPO
 
-from .emulator import run_on_board
+from .emulator import run_edgedyn
 
 pytest.importorskip("tvm")
 pytest.importorskip("nvidia.cuda_nvrtc", reason="GPU builds need pip install 'edgedyn[cuda]'")
@@ -25,8 +25,7 @@ def jetson_bundles(tmp_path_factory):
 def _board_cli(rootfs, board, *args):
     from edgedyn.boards import load_board
 
-    return run_on_board(rootfs, ["-m", "edgedyn", *args], cpu=load_board(board).qemu_cpu, pythonpath=[REPO],
-                        env={"EDGEDYN_CACHE": str(rootfs / "root" / "edgedyn-cache")})
+    return run_edgedyn(rootfs, ["-m", "edgedyn", *args], cpu=load_board(board).qemu_cpu)
 
 
 @pytest.mark.parametrize("board, arch", sorted(JETSONS.items()))

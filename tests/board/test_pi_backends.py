@@ -10,9 +10,9 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pytest
 
-from conftest import ALL_MODELS, REPO, RTOL, torch_model
+from conftest import ALL_MODELS, RTOL, torch_model
 
-from .emulator import run_on_board
+from .emulator import run_edgedyn
 
 BOARD = "raspberry-pi-4"
 # backend -> (the Python package its export needs on the host, its executor, the models that must verify on the Pi)
@@ -29,8 +29,7 @@ def export_for_pi(export_example, backend: str, model: str) -> Path:
 
 
 def board_run(rootfs: Path, argv: List[str]):
-    return run_on_board(rootfs, argv, cpu="cortex-a72", pythonpath=[REPO],
-                        env={"EDGEDYN_CACHE": str(rootfs / "root" / "edgedyn-cache")})
+    return run_edgedyn(rootfs, argv, cpu="cortex-a72")
 
 
 @pytest.mark.parametrize("backend, model", CASES)

@@ -15,9 +15,9 @@ import edgedyn
 from edgedyn.frontend.loading import load_reference
 from edgedyn.quantize.accuracy import INT8_TOLERANCE, output_metrics
 
-from conftest import EXAMPLES, REPO
+from conftest import EXAMPLES
 
-from .emulator import run_on_board
+from .emulator import run_edgedyn
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("tflite")
@@ -50,8 +50,7 @@ def int8_for_pi(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str]
 
 
 def board_run(rootfs: Path, argv):
-    return run_on_board(rootfs, argv, cpu="cortex-a72", pythonpath=[REPO],
-                        env={"EDGEDYN_CACHE": str(rootfs / "root" / "edgedyn-cache")})
+    return run_edgedyn(rootfs, argv, cpu="cortex-a72")
 
 
 @pytest.mark.parametrize("backend, model", CASES)

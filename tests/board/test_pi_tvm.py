@@ -7,14 +7,13 @@ import pytest
 
 from conftest import EXAMPLE_MODELS, REPO
 
-from .emulator import run_on_board
+from .emulator import run_edgedyn
 
 pytest.importorskip("tvm")
 
 
 def board_cli(rootfs: Path, *args: str, cpu: str = "cortex-a72"):
-    return run_on_board(rootfs, ["-m", "edgedyn", *args], cpu=cpu, pythonpath=[REPO],
-                        env={"EDGEDYN_CACHE": str(rootfs / "root" / "edgedyn-cache")})
+    return run_edgedyn(rootfs, ["-m", "edgedyn", *args], cpu=cpu)
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLE_MODELS))
@@ -47,9 +46,8 @@ def test_runtime_api_on_the_board_matches_the_host_reference(pi_rootfs, export_e
             "m = rt.load(sys.argv[1]); np.save(sys.argv[3], m(np.load(sys.argv[2])))\n"
             "import sys as s; print(sorted(k for k in s.modules if k.split('.')[0] in ('torch', 'onnx') "
             "or k.startswith('tvm.relax')))")
-    result = run_on_board(pi_rootfs, ["-c", code, str(bundle), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
-                          pythonpath=[REPO], env={"TVM_USE_RUNTIME_LIB": "1",
-                                                  "EDGEDYN_CACHE": str(pi_rootfs / "root" / "edgedyn-cache")})
+    result = run_edgedyn(pi_rootfs, ["-c", code, str(bundle), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                         env={"TVM_USE_RUNTIME_LIB": "1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
     model, _, _ = load_reference(str(REPO / "examples" / "mlp.py:MLP"))
@@ -69,7 +67,6 @@ def test_guard_error_wording_on_the_board(pi_rootfs, export_example):
     code = ("import sys, numpy as np, edgedyn.runtime as rt\n"
             "m = rt.load(sys.argv[1])\n"
             "try:\n    m(np.ones((2, 3, 64, 64), np.float32))\nexcept rt.GuardError as e:\n    print(e)\n")
-    result = run_on_board(pi_rootfs, ["-c", code, str(export_example("tiny_cnn", board="raspberry-pi-4"))],
-                          pythonpath=[REPO], env={"EDGEDYN_CACHE": str(pi_rootfs / "root" / "edgedyn-cache")})
+    result = run_edgedyn(pi_rootfs, ["-c", code, str(export_example("tiny_cnn", board="raspberry-pi-4"))])
     assert result.returncode == 0, result.stderr
     assert "x=1x3x64x64: input 'x' dim 0: expected 1, got 2" in result.stdout
