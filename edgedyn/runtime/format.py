@@ -63,7 +63,8 @@ class Bundle:
                 hint="create one with `edgedyn export MODEL.py:NAME --board BOARD -o {}`".format(self.path.name),
             )
         try:
-            self._members, crcs = _read_stored_members(self.path)
+            data = self.path.read_bytes()
+            self._members, crcs = _read_stored_members(data, self.path)
         except zipfile.BadZipFile as error:
             raise BundleError(
                 "{} is not a readable edgedyn bundle (truncated or not a bundle at all): {}".format(self.path, error),
@@ -78,7 +79,7 @@ class Bundle:
                                 hint="copy the bundle again or export it again; never edit a bundle by hand")
         self.manifest = _parse_manifest(self._members[MANIFEST_NAME], self.path)
         self._verify_members()
-        self.sha256 = sha256_file(self.path)
+        self.sha256 = sha256_bytes(data)  # the file is read once: no second pass over it to hash it
 
     def _verify_members(self) -> None:
         listed = self.manifest["members"]
@@ -128,13 +129,12 @@ class Bundle:
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 
 
-def _read_stored_members(path: Path) -> Tuple[Dict[str, bytes], Dict[str, int]]:
+def _read_stored_members(data: bytes, path: Path) -> Tuple[Dict[str, bytes], Dict[str, int]]:
     """Member bytes straight from the file, for stored (uncompressed) members, and their zip CRCs.
 
     zipfile's reader would stop at the first CRC error with a message naming no checksum; reading the stored bytes
     lets the manifest's SHA-256 say which member is damaged.
     """
-    data = path.read_bytes()
     members, crcs = {}, {}
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         for info in archive.infolist():
