@@ -5,7 +5,6 @@ Python 3.8 syntax and the standard library (plus `tomli` where `tomllib` is miss
 inside `Target.tvm_target()`.
 """
 import difflib
-import platform
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from edgedyn.errors import BoardError, MissingDependencyError
+from edgedyn.runtime.format import host_arch
 
 __all__ = [
     "ARCHES", "BACKEND_NAMES", "DEVICES", "TARGET_KINDS", "Board", "Gpu", "Target",
@@ -48,12 +48,6 @@ def boards_dir() -> Path:
 def targets_dir() -> Path:
     """The folder holding the shipped target descriptions."""
     return _data_dir("targets")
-
-
-def host_arch() -> str:
-    """This machine's CPU architecture in the names boards use (x86_64, aarch64)."""
-    machine = platform.machine().lower()
-    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8": "aarch64"}.get(machine, machine)
 
 
 # --- validation helpers: every failure names the file, the field, what was given and what is expected ---

@@ -11,23 +11,18 @@ a candidate is checked for sanity against torch eager (cosine), not for float eq
 The choice and its reasons go into the artifact's manifest entry as `selection`.
 """
 import difflib
-import io
 import os
 import statistics
-import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from edgedyn.backends import BACKENDS, Artifact, get_backend
+from edgedyn.backends import BACKENDS, Artifact, get_backend, open_executor
 from edgedyn.boards import Board, Target
 from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Specialization
-from edgedyn.runtime.executors import executor_class
 from edgedyn.runtime.format import host_arch
 from edgedyn.runtime.program import compare
 
@@ -182,16 +177,6 @@ def _verify(artifact: Artifact, spec: Specialization, timing: Optional[Timing] =
         return _median_ms(lambda: executor.run(inputs), timing)
 
 
-@contextmanager
-def open_executor(artifact: Artifact) -> Iterator[Tuple[Any, Dict[str, Any]]]:
-    """(the runtime's executor over an artifact's files before any bundle exists, its manifest record)."""
-    with tempfile.TemporaryDirectory(prefix="edgedyn-select-") as workdir:
-        files = _LooseFiles(artifact, Path(workdir))
-        record = dict(artifact.meta, backend=artifact.backend, executor=artifact.executor, device=artifact.device,
-                      arch=artifact.arch, target=artifact.target, files=files.names)
-        yield executor_class(artifact.executor)(files, record, {"threads": None}), record
-
-
 def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],
                    expected: List[np.ndarray]) -> None:
     if len(outputs) != len(expected):
@@ -237,29 +222,6 @@ def _median_ms(call: Callable[[], Any], timing: Timing) -> float:
         call()
         times.append((time.perf_counter() - started) * 1000.0)
     return statistics.median(times)
-
-
-class _LooseFiles:
-    """An artifact's files before any bundle exists, with the reading side of runtime.format.Bundle."""
-
-    def __init__(self, artifact: Artifact, directory: Path) -> None:
-        self.names = {role: "{}/{}".format(role, artifact.file_names[role]) for role in artifact.files}
-        self._data = {self.names[role]: data for role, data in artifact.files.items()}
-        self._directory = directory
-
-    def read(self, name: str) -> bytes:
-        return self._data[name]
-
-    def arrays(self, name: str) -> Dict[str, np.ndarray]:
-        with np.load(io.BytesIO(self._data[name]), allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
-
-    def extract(self, name: str) -> Path:
-        # A fresh directory per candidate: dlopen caches by path (FACTS.md), so a path is never reused.
-        path = self._directory / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(self._data[name])
-        return path
 
 
 def _with_selection(artifact: Artifact, selection: Dict[str, Any]) -> Artifact:

@@ -136,7 +136,8 @@ def test_backend_names_match_registry():
 
 
 @pytest.mark.parametrize("machine,arch", [("x86_64", "x86_64"), ("AMD64", "x86_64"), ("arm64", "aarch64"),
-                                          ("aarch64", "aarch64"), ("riscv64", "riscv64")])
+                                          ("aarch64", "aarch64"), ("riscv64", "riscv64"),
+                                          ("armv8l", "armv8l")])  # a 32-bit userland: no aarch64 code
 def test_host_arch(monkeypatch, machine, arch):
     monkeypatch.setattr("platform.machine", lambda: machine)
     assert host_arch() == arch

@@ -67,7 +67,7 @@ def finish(plan: Plan, artifact: Any, spec: Any) -> Any:
     import torch
 
     from edgedyn.runtime.format import pack_arrays
-    from edgedyn.selection import open_executor
+    from edgedyn.backends import open_executor
 
     batches, source = plan.evaluation_batches(spec)
     module = spec.program.module()
