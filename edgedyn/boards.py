@@ -11,11 +11,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from edgedyn.backends import backend_names
 from edgedyn.errors import BoardError, MissingDependencyError
 from edgedyn.runtime.format import host_arch
 
 __all__ = [
-    "ARCHES", "BACKEND_NAMES", "DEVICES", "TARGET_KINDS", "Board", "Gpu", "Target",
+    "ARCHES", "DEVICES", "TARGET_KINDS", "Board", "Gpu", "Target",
     "board_names", "boards_dir", "host_arch", "list_boards", "load_board", "load_target",
     "target_names", "targets_dir",
 ]
@@ -23,9 +24,6 @@ __all__ = [
 ARCHES = ("aarch64", "x86_64")
 TARGET_KINDS = ("cpu", "cuda")
 DEVICES = ("cpu", "gpu")
-# Note: these must be the names in edgedyn.backends.BACKENDS (tests/test_boards.py checks it). They are
-# repeated here because this module also runs on the board, where the compiler backends are not installed.
-BACKEND_NAMES = ("onnxruntime", "portable", "tflite", "tvm")
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _VERSION = re.compile(r"^\d+(\.\d+)+$")
@@ -268,7 +266,7 @@ class Board:
                   self.gpu_target)
         _check_str(where, "emulation.qemu_cpu", self.qemu_cpu, optional=True,
                    expected="a CPU from `qemu-aarch64-static -cpu help`")
-        _check_names(where, "backends.preference", self.backends, BACKEND_NAMES, allow_empty=False)
+        _check_names(where, "backends.preference", self.backends, tuple(backend_names()), allow_empty=False)
         _check_names(where, "notes", self.notes)
         _check_names(where, "backends.onnxruntime_providers", self.onnxruntime_providers, allow_empty=False)
 

@@ -10,7 +10,6 @@ With `quantization` (--quantize), only backends with int8 kernels are built (edg
 a candidate is checked for sanity against torch eager (cosine), not for float equality: the accuracy gate runs after.
 The choice and its reasons go into the artifact's manifest entry as `selection`.
 """
-import difflib
 import os
 import statistics
 import time
@@ -19,14 +18,13 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from edgedyn.backends import BACKENDS, Artifact, get_backend, open_executor
+from edgedyn.backends import AUTO, BACKENDS, Artifact, Build, check_backend_name, open_executor
 from edgedyn.boards import Board, Target
 from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Specialization
 from edgedyn.runtime.format import host_arch
-from edgedyn.runtime.program import compare
+from edgedyn.runtime.program import FP32_TOLERANCE, compare
 
-AUTO = "auto"
 Progress = Callable[[str], None]
 
 
@@ -49,21 +47,6 @@ class Timing:
 DEFAULT_TIMING = Timing()
 
 
-def backend_choices() -> List[str]:
-    """What `--backend` accepts: the registered backends and `auto`."""
-    return sorted(list(BACKENDS) + [AUTO])
-
-
-def check_backend_name(name: str) -> None:
-    """Fails before any work when `name` is neither a registered backend nor `auto`."""
-    if name == AUTO or name in BACKENDS:
-        return
-    close = difflib.get_close_matches(name, backend_choices(), n=1)
-    raise EdgedynError("unknown backend '{}'; choose from: {}".format(name, ", ".join(backend_choices())),
-                       hint="did you mean '{}'?".format(close[0]) if close else
-                       "auto measures the installed backends on this machine, or follows the board's preference")
-
-
 def choose(backend: str, program: Any, board: Board, target: Target, spec: Specialization,
            progress: Optional[Progress] = None, timing: Timing = DEFAULT_TIMING,
            quantization: Optional[Any] = None) -> Artifact:
@@ -84,16 +67,15 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
 
 def _builder(program: Any, board: Board, target: Target, spec: Specialization,
              quantization: Optional[Any]) -> Callable[[str], Artifact]:
-    extra = {} if quantization is None else {"quantization": quantization}
-    return lambda name: get_backend(name)(program, board, target, spec.tensor_inputs, **extra)
+    build = Build(program=program, board=board, target=target, tensor_inputs=list(spec.tensor_inputs),
+                  quantization=quantization)
+    return lambda name: BACKENDS[name].build(build)
 
 
 def candidates(board: Board, quantization: Optional[Any] = None) -> List[str]:
     """Registered backends, the board's preference first (it breaks ties), then the rest by name; with
     `quantization`, only those with int8 kernels."""
-    from edgedyn.quantize import QUANTIZING_BACKENDS
-
-    usable = [name for name in BACKENDS if quantization is None or name in QUANTIZING_BACKENDS]
+    usable = [name for name, record in BACKENDS.items() if quantization is None or record.quantizes]
     preferred = [name for name in board.backends if name in usable]
     return preferred + sorted(name for name in usable if name not in preferred)
 
@@ -185,7 +167,7 @@ def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.
     if "quantization" in record:
         _check_quantized(artifact, outputs, expected)
         return
-    tolerance = record.get("tolerance", {"rtol": 1e-4, "atol": 1e-6})
+    tolerance = record.get("tolerance", FP32_TOLERANCE)
     for index, (got, want) in enumerate(zip(outputs, expected)):
         result = compare(np.asarray(got), want, tolerance)
         if not result["ok"]:

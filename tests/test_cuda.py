@@ -5,6 +5,7 @@ import subprocess
 import pytest
 import torch
 
+from edgedyn.backends import Build
 from edgedyn.backends.tvm import check_device_code, lower
 from edgedyn.boards import load_board
 from edgedyn.errors import BackendError
@@ -29,7 +30,8 @@ def small_cnn():
 @pytest.fixture(scope="module")
 def gpu_artifacts(small_cnn):
     program, inputs = small_cnn
-    return {board: lower(program, load_board(board), load_board(board).target("gpu"), inputs) for board in JETSONS}
+    return {board: lower(Build(program=program, board=load_board(board), target=load_board(board).target("gpu"),
+                               tensor_inputs=inputs)) for board in JETSONS}
 
 
 @pytest.mark.parametrize("board, arch", sorted(JETSONS.items()))

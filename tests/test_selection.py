@@ -8,7 +8,7 @@ import pytest
 
 import edgedyn
 import edgedyn.runtime as rt
-from edgedyn.backends import BACKENDS, Artifact
+from edgedyn.backends import BACKENDS, Artifact, Backend, Build
 from edgedyn.boards import load_board
 from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import capture
@@ -24,27 +24,27 @@ FAST = Timing(warmup=1, min_runs=3, max_runs=20, seconds=0.2)
 
 # --- stand-in backends, registered by name for one test through the real registries ---
 
-def wrong_but_fast(program: Any, board: Any, target: Any, tensor_inputs: List[str]) -> Artifact:
+def wrong_but_fast(build: Build) -> Artifact:
     """Builds instantly and runs instantly, and returns zeros: the fastest artifact, and a wrong one."""
-    outputs = program.module()(*program.example_inputs[0])
+    outputs = build.program.module()(*build.program.example_inputs[0])
     outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
     return Artifact(backend="wrong_but_fast", executor="zeros", device="cpu", arch=None, target="none",
                     files={"note": b"zeros"}, file_names={"note": "note.txt"},
                     meta={"shapes": [list(v.shape) for v in outputs]})
 
 
-def fails_when_run(program: Any, board: Any, target: Any, tensor_inputs: List[str]) -> Artifact:
+def fails_when_run(build: Build) -> Artifact:
     """Builds, then its executor hits a bug on the first call."""
-    artifact = wrong_but_fast(program, board, target, tensor_inputs)
+    artifact = wrong_but_fast(build)
     artifact.backend, artifact.meta["fail"] = "fails_when_run", True
     return artifact
 
 
-def cannot_express(program: Any, board: Any, target: Any, tensor_inputs: List[str]) -> Artifact:
+def cannot_express(build: Build) -> Artifact:
     raise BackendError("cannot express aten.mul.Tensor (examples/loop_example.py:12)")
 
 
-def crashes(program: Any, board: Any, target: Any, tensor_inputs: List[str]) -> Artifact:
+def crashes(build: Build) -> Artifact:
     raise KeyError("a bug in a backend")
 
 
@@ -68,10 +68,17 @@ def loop_spec():
     return spec, run_pipeline(spec.program)
 
 
+def _stand_in(name: str, lowering: str) -> Backend:
+    """A registry record for a stand-in backend whose lower() is the function `lowering` of this file."""
+    return Backend(name=name, lower="test_selection:" + lowering, executor="zeros", devices=("cpu",), quantizes=False,
+                   extra="", board_extra="", overhead_bytes=None, overhead_import="", general=False,
+                   no_int8_reason="a stand-in for tests")
+
+
 def _register(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
     monkeypatch.setitem(EXECUTORS, "zeros", "test_selection:ZerosExecutor")
     for name in names:
-        monkeypatch.setitem(BACKENDS, name, "test_selection:" + name)
+        monkeypatch.setitem(BACKENDS, name, _stand_in(name, name))
 
 
 @pytest.mark.parametrize("name, hint", [
@@ -102,11 +109,11 @@ def test_candidates_follow_the_board_preference_then_the_rest():
 
 def test_auto_never_picks_an_artifact_that_failed(monkeypatch, loop_spec):
     spec, program = loop_spec
+    board = load_board("x86-64")  # before the registry changes: board files name registered backends only
     # Only onnxruntime besides the stand-ins keeps the test quick; the real ones are measured on MobileNetV2 below.
     for other in [n for n in BACKENDS if n != "onnxruntime"]:
         monkeypatch.delitem(BACKENDS, other)
     _register(monkeypatch, "wrong_but_fast", "fails_when_run", "cannot_express", "crashes")
-    board = load_board("x86-64")
     artifact = choose("auto", program, board, board.target("cpu"), spec, timing=FAST)
     selection = artifact.meta["selection"]
     assert artifact.backend == selection["chosen"] == "onnxruntime"
@@ -125,17 +132,17 @@ def test_edgedyn_debug_lets_a_backend_bug_through(monkeypatch, loop_spec):
     _register(monkeypatch, "crashes")
     monkeypatch.setenv("EDGEDYN_DEBUG", "1")
     board = dataclasses.replace(load_board("raspberry-pi-4"), backends=("tvm", "onnxruntime"))
-    monkeypatch.setitem(BACKENDS, "tvm", "test_selection:crashes")
+    monkeypatch.setitem(BACKENDS, "tvm", _stand_in("tvm", "crashes"))
     with pytest.raises(KeyError, match="a bug in a backend"):
         choose("auto", program, board, board.target("cpu"), spec)
 
 
 def test_auto_skips_a_backend_that_is_not_installed(monkeypatch, loop_spec):
     spec, program = loop_spec
+    board = load_board("x86-64")
     for other in [n for n in BACKENDS if n not in ("onnxruntime", "tvm")]:
         monkeypatch.delitem(BACKENDS, other)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    board = load_board("x86-64")
     artifact = choose("auto", program, board, board.target("cpu"), spec, timing=FAST)
     selection = artifact.meta["selection"]
     assert artifact.backend == "tvm" and list(selection["medians_ms"]) == ["tvm"]
@@ -145,10 +152,10 @@ def test_auto_skips_a_backend_that_is_not_installed(monkeypatch, loop_spec):
 
 def test_nothing_that_builds_is_an_error_naming_each_reason(monkeypatch, loop_spec):
     spec, program = loop_spec
+    board = load_board("x86-64")
     for other in list(BACKENDS):
         monkeypatch.delitem(BACKENDS, other)
     _register(monkeypatch, "cannot_express", "wrong_but_fast")
-    board = load_board("x86-64")
     with pytest.raises(BackendError) as raised:
         choose("auto", program, board, board.target("cpu"), spec, timing=FAST)
     assert raised.value.message.startswith("no backend could build {} for x86-64: ".format(spec.name))
@@ -160,7 +167,7 @@ def test_nothing_that_builds_is_an_error_naming_each_reason(monkeypatch, loop_sp
 def test_cross_board_follows_its_preference_and_skips_what_fails(monkeypatch, loop_spec):
     spec, program = loop_spec
     _register(monkeypatch, "cannot_express")
-    monkeypatch.setitem(BACKENDS, "tvm", "test_selection:cannot_express")  # as if TVM could not express the graph
+    monkeypatch.setitem(BACKENDS, "tvm", _stand_in("tvm", "cannot_express"))  # as if TVM could not express the graph
     board = dataclasses.replace(load_board("raspberry-pi-4"), backends=("tvm", "onnxruntime"))
     artifact = choose("auto", program, board, board.target("cpu"), spec)
     assert artifact.backend == "onnxruntime"
@@ -172,7 +179,7 @@ def test_cross_board_follows_its_preference_and_skips_what_fails(monkeypatch, lo
 def test_cross_board_never_picks_a_portable_artifact_that_failed_here(monkeypatch, loop_spec):
     spec, program = loop_spec
     _register(monkeypatch)
-    monkeypatch.setitem(BACKENDS, "tvm", "test_selection:wrong_but_fast")
+    monkeypatch.setitem(BACKENDS, "tvm", _stand_in("tvm", "wrong_but_fast"))
     board = dataclasses.replace(load_board("raspberry-pi-4"), backends=("tvm", "onnxruntime"))
     artifact = choose("auto", program, board, board.target("cpu"), spec)
     assert artifact.backend == "onnxruntime"

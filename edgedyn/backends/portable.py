@@ -11,21 +11,20 @@ import numpy as np
 import torch
 from torch import fx
 
-from edgedyn.backends import Artifact
-from edgedyn.boards import Board, Target
+from edgedyn.backends import Artifact, Build
 from edgedyn.errors import BackendError
 from edgedyn.passes.memory_plan import (MemoryPlan, extent_bytes, graph_tensors, is_step, op_name, tensor_args,
                                         tensor_meta)
 from edgedyn.runtime import kernels
+from edgedyn.runtime.executors.portable import GRAPH_FORMAT, GRAPH_FORMAT_VERSION
 from edgedyn.runtime.format import pack_arrays
-
-FORMAT = "edgedyn-portable-graph"
-FORMAT_VERSION = 1
-TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
+from edgedyn.runtime.program import FP32_TOLERANCE
 
 
-def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) -> Artifact:
+
+def lower(build: Build) -> Artifact:
     """Writes the program as a JSON graph plus an `.npz` of weights, with its memory plan."""
+    program = build.program
     from torch.export.graph_signature import InputKind
 
     signature = program.graph_signature
@@ -49,7 +48,7 @@ def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) 
         files={"graph": json.dumps(graph, sort_keys=True).encode("utf-8"), "weights": pack_arrays(weights),
                "plan": json.dumps(plan.to_dict(), sort_keys=True).encode("utf-8")},
         file_names={"graph": "graph.json", "weights": "weights.npz", "plan": "memory_plan.json"},
-        meta={"tolerance": dict(TOLERANCE), "memory": plan.summary(), "requires": {"python": ["numpy>=1.19"]}},
+        meta={"tolerance": dict(FP32_TOLERANCE), "memory": plan.summary(), "requires": {"python": ["numpy>=1.19"]}},
     )
 
 
@@ -151,8 +150,8 @@ def _graph_record(graph: fx.Graph, plan: MemoryPlan, user_inputs: List[str], wei
                       "scratch": scratch})
     output = next(node for node in graph.nodes if node.op == "output")
     return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format": GRAPH_FORMAT,
+        "format_version": GRAPH_FORMAT_VERSION,
         "arena_bytes": plan.arena_bytes,
         "alignment": plan.alignment,
         "values": values,

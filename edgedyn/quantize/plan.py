@@ -9,9 +9,12 @@ import numpy as np
 from edgedyn import calibration as calibration_data
 from edgedyn.errors import EdgedynError
 from edgedyn.quantize import Quantization, check_backend, check_mode
-from edgedyn.quantize.accuracy import Gate, check, output_metrics, parse_gate
+from edgedyn.quantize.accuracy import DEFAULT_GATE, MIN_EVAL_SAMPLES, Gate, check, output_metrics, parse_gate
+from edgedyn.runtime.program import EXPECTED_ROLE
 
-EXPECTED = "expected"  # artifact file role: its own outputs on the reference inputs, for `edgedyn verify`
+
+class AccuracyWarning(UserWarning):
+    """The int8 accuracy was measured on too few held-out samples to be trusted."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +86,21 @@ def finish(plan: Plan, artifact: Any, spec: Any) -> Any:
                              "batches": len(plan.quantization(spec).calibration) if plan.mode == "int8" else 0}
     record["accuracy"] = {"reference": "torch eager (float32)", "inputs": source, "batches": len(batches),
                           "outputs": outputs}
-    if plan.gate is not None:
-        record["accuracy"]["gate"] = plan.gate.to_dict()
+    record["accuracy"]["gate"] = (plan.gate or DEFAULT_GATE).to_dict()
+    record["accuracy"]["gate_source"] = "--max-accuracy-drop" if plan.gate is not None else "default"
+    samples = outputs[0]["samples"] if outputs else 0
+    if samples < MIN_EVAL_SAMPLES:
+        import warnings
+
+        warnings.warn("{} ({}): int8 accuracy measured on {} held-out sample(s), fewer than {}: the numbers are "
+                      "noisy; pass more calibration data or --eval-inputs".format(
+                          spec.name, artifact.backend, samples, MIN_EVAL_SAMPLES), AccuracyWarning, stacklevel=3)
+        record["accuracy"]["warning"] = "only {} held-out sample(s)".format(samples)
     check(plan.gate, outputs, "{} ({})".format(spec.name, artifact.backend))
     artifact.meta = dict(artifact.meta, quantization=record)
-    artifact.files = dict(artifact.files, **{EXPECTED: pack_arrays(
+    artifact.files = dict(artifact.files, **{EXPECTED_ROLE: pack_arrays(
         {"output.{}".format(i): np.asarray(a) for i, a in enumerate(expected)})})
-    artifact.file_names = dict(artifact.file_names, **{EXPECTED: "expected.npz"})
+    artifact.file_names = dict(artifact.file_names, **{EXPECTED_ROLE: "expected.npz"})
     return artifact
 
 
