@@ -224,7 +224,7 @@ def time_interleaved(workers: Dict[str, Worker], sizes: Dict[str, int], rounds: 
 def run_model(name: str, args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Dict[str, Any]:
     import numpy as np
 
-    from edgedyn.backends import BACKENDS
+    from edgedyn.registry import BACKENDS
 
     model_ref, input_name, shape = MODELS[name]
     inputs_path = workdir / "{}-inputs.npz".format(name)

@@ -49,7 +49,8 @@ def tvm_storage_bytes(program: Any) -> int:
 
 
 def measure(use_tvm: bool) -> List[Dict[str, Any]]:
-    from edgedyn.backends import Build, portable
+    from edgedyn.backends import portable
+    from edgedyn.backends.artifact import Build
     from edgedyn.boards import load_board
     from edgedyn.frontend import capture
     from edgedyn.passes import run_pipeline

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from edgedyn.backends import backend_names
+from edgedyn.registry import backend_names
 from edgedyn.errors import BoardError, MissingDependencyError
 from edgedyn.runtime.format import host_arch
 

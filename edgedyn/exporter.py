@@ -8,7 +8,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from edgedyn.backends import AUTO, BACKENDS, Artifact, Build, check_backend_name, get_backend, gpu_backends
+from edgedyn.registry import AUTO, BACKENDS, check_backend_name, get_backend, gpu_backends
+from edgedyn.backends.artifact import Artifact, Build, open_executor
 from edgedyn.boards import Board, Target, load_board
 from edgedyn.bundle import BundleWriter
 from edgedyn.errors import EdgedynError
@@ -102,7 +103,8 @@ def _quantized_artifact(quantizing: Any, backend: str, program: Any, board: Boar
     artifact = choose(backend, program, board, target, spec, progress=step,
                       quantization=quantizing.quantization(spec))
     step("measuring {} int8 accuracy against torch eager".format(artifact.backend))
-    return quantize_plan.finish(quantizing, artifact, spec)
+    with open_executor(artifact) as (executor, _):
+        return quantize_plan.finish(quantizing, artifact, spec, executor.run)
 
 
 def _gpu_target(board: Board, backend: str, device: str, precision: str) -> Optional[Target]:

@@ -12,14 +12,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence  # noqa: F401 (type comments)
 
-from edgedyn.backends import BACKENDS
+from edgedyn.registry import BACKENDS
 from edgedyn.boards import Board
 from edgedyn.errors import EdgedynError
 
 MB = 1 << 20
 CLOSE = 0.90  # within 10% of the budget: warn
 
-# The runtime overhead of each executor, from its backend's registry record (edgedyn/backends/__init__.py says how
+# The runtime overhead of each executor, from its backend's registry record (edgedyn/registry.py says how
 # it was measured; benchmarks/overheads.py re-measures it). aarch64 boards measure within a few MB of this (same
 # libraries, similar page sizes); Python 3.8/numpy 1.19 is smaller.
 RUNTIME_OVERHEAD_BYTES = {b.executor: b.overhead_bytes for b in BACKENDS.values() if b.overhead_bytes is not None}

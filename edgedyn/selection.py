@@ -18,7 +18,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from edgedyn.backends import AUTO, BACKENDS, Artifact, Build, check_backend_name, open_executor
+from edgedyn.registry import AUTO, BACKENDS, check_backend_name
+from edgedyn.backends.artifact import Artifact, Build, open_executor
 from edgedyn.boards import Board, Target
 from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Specialization

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 import torch
 
-from edgedyn.backends import Build
+from edgedyn.backends.artifact import Build
 from edgedyn.backends.tvm import check_device_code, lower
 from edgedyn.boards import load_board
 from edgedyn.errors import BackendError

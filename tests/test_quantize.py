@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import edgedyn
-from edgedyn.backends import quantizing_backends
+from edgedyn.registry import quantizing_backends
 from edgedyn.errors import EdgedynError
 from edgedyn.quantize.accuracy import output_metrics, parse_gate
 from edgedyn.runtime.format import Bundle

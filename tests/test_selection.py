@@ -8,7 +8,8 @@ import pytest
 
 import edgedyn
 import edgedyn.runtime as rt
-from edgedyn.backends import BACKENDS, Artifact, Backend, Build
+from edgedyn.registry import BACKENDS, Backend
+from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import load_board
 from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import capture

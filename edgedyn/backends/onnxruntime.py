@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from edgedyn.backends import Artifact, Build
+from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import Board
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.runtime.program import FP32_TOLERANCE

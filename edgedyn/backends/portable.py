@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import fx
 
-from edgedyn.backends import Artifact, Build
+from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.errors import BackendError
 from edgedyn.passes.memory_plan import (MemoryPlan, extent_bytes, graph_tensors, is_step, op_name, tensor_args,
                                         tensor_meta)

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from edgedyn.backends import Artifact, Build
+from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import Target
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.runtime.format import cache_dir, host_arch, pack_arrays

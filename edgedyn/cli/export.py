@@ -5,7 +5,7 @@ from typing import List, Optional
 import typer
 from typing_extensions import Annotated
 
-from edgedyn.backends import AUTO, backends_help, quantizing_backends
+from edgedyn.registry import AUTO, backends_help, quantizing_backends
 from edgedyn.cli.common import err, human_bytes, out, progress
 
 

@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from edgedyn.backends import AUTO, get_backend, quantizing_backends
+from edgedyn.registry import AUTO, get_backend, quantizing_backends
 from edgedyn.errors import EdgedynError
 
 MODES = ("int8", "int8-weights")

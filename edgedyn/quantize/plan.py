@@ -2,7 +2,7 @@
 specialization its calibration batches, then measure the quantized artifact against torch eager and apply the gate.
 """
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -65,20 +65,21 @@ def plan(mode: Optional[str], backend: str, device: str, calibration: Any = None
     return Plan(mode=mode, calibration=samples, evaluation=evaluation, gate=gate)
 
 
-def finish(plan: Plan, artifact: Any, spec: Any) -> Any:
-    """Measures the quantized artifact against torch eager on held-out inputs, records it, applies the gate."""
+def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]], List[np.ndarray]]) -> Any:
+    """Measures the quantized artifact against torch eager on held-out inputs, records it, applies the gate.
+
+    `run` runs the artifact on flat inputs (the exporter opens its executor: this package sits below the backends).
+    """
     import torch
 
     from edgedyn.runtime.format import pack_arrays
-    from edgedyn.backends import open_executor
 
     batches, source = plan.evaluation_batches(spec)
     module = spec.program.module()
     with torch.no_grad():
         want = [[o.detach().numpy() for o in module(*[torch.from_numpy(a) for a in batch])] for batch in batches]
-    with open_executor(artifact) as (executor, _):
-        got = [[np.asarray(o) for o in executor.run(batch)] for batch in batches]
-        expected = executor.run([np.ascontiguousarray(t.numpy()) for t in spec.example_tensors])
+    got = [[np.asarray(o) for o in run(batch)] for batch in batches]
+    expected = run([np.ascontiguousarray(t.numpy()) for t in spec.example_tensors])
     outputs = [dict(output_metrics([g[i] for g in got], [w[i] for w in want]), name="output_{}".format(i))
                for i in range(len(want[0]))]
     record = dict(artifact.meta["quantization"])

@@ -5,7 +5,8 @@ keeps track of layouts (layout.py) so convolutions run NHWC; ops/ holds one conv
 """
 from typing import Any, Dict
 
-from edgedyn.backends import Artifact, Build, general_backends
+from edgedyn.registry import general_backends
+from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import Target
 from edgedyn.runtime.program import FP32_TOLERANCE
 
