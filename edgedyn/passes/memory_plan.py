@@ -6,11 +6,14 @@ its own. Elementwise ops write over an input whose last use they are (in-place r
 
 A plan counts every tensor the executor writes: the graph inputs (copied into the arena on each call), the
 intermediates, the outputs (live to the end) and per-op scratch (`workspace`, live during its op only). Weights
-are not in the arena. `check_plan` verifies a plan without trusting the planner.
+are not in the arena. `check_plan` verifies a plan without trusting the planner, value by value: each graph
+value keeps its own lifetime, so a wrong in-place merge shows as two live values sharing bytes.
 """
+import json
 import operator
+import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import fx
@@ -53,6 +56,19 @@ class Tensor:
     values: Tuple[str, ...] = ()  # graph values stored here (more than one after in-place reuse)
 
 
+@dataclass(frozen=True)
+class Value:
+    """One graph value stored in the arena: its own lifetime and where in which tensor it lives."""
+
+    name: str
+    size: int  # bytes
+    first: int  # the step that writes it (0 for a graph input)
+    last: int  # its last read (the last step for a graph output)
+    tensor: int  # index of its buffer in MemoryPlan.tensors
+    offset: int = 0  # bytes from the start of that buffer
+    inplace_of: Optional[str] = None  # the value it overwrites in place; that value's last read is our `first`
+
+
 @dataclass
 class MemoryPlan:
     """Tensors with arena offsets, and the three numbers people compare."""
@@ -63,7 +79,12 @@ class MemoryPlan:
     naive_bytes: int  # every value and scratch buffer in its own allocation, no reuse at all
     steps: List[str]  # op of each step, in execution order
     alignment: int = ALIGNMENT
-    placement: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # value -> (tensor index, byte offset)
+    values: List[Value] = field(default_factory=list)  # graph values with their own lifetimes
+
+    @property
+    def placement(self) -> Dict[str, Tuple[int, int]]:
+        """value -> (tensor index, byte offset within that tensor)."""
+        return {v.name: (v.tensor, v.offset) for v in self.values}
 
     @property
     def lower_bound_bytes(self) -> int:
@@ -90,7 +111,19 @@ class MemoryPlan:
         """The whole plan as JSON (a bundle member; what `edgedyn inspect --memory` draws)."""
         return dict(self.summary(), step_ops=list(self.steps), tensors=[
             {"name": t.name, "kind": t.kind, "size": t.size, "first": t.first, "last": t.last, "offset": offset,
-             "values": list(t.values)} for t, offset in zip(self.tensors, self.offsets)])
+             "values": list(t.values)} for t, offset in zip(self.tensors, self.offsets)],
+            values=[{"name": v.name, "size": v.size, "first": v.first, "last": v.last, "tensor": v.tensor,
+                     "offset": v.offset, "inplace_of": v.inplace_of} for v in self.values])
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "MemoryPlan":
+        """The plan `to_dict` wrote (a bundle's memory_plan.json), to check it again."""
+        tensors = [Tensor(t["name"], t["size"], t["first"], t["last"], t["kind"], tuple(t["values"]))
+                   for t in data["tensors"]]
+        values = [Value(v["name"], v["size"], v["first"], v["last"], v["tensor"], v["offset"], v["inplace_of"])
+                  for v in data.get("values", [])]
+        return cls(tensors, [t["offset"] for t in data["tensors"]], data["arena_bytes"], data["naive_bytes"],
+                   list(data["step_ops"]), data["alignment"], values)
 
 
 def live_peak(tensors: Sequence[Tensor]) -> Tuple[int, int]:
@@ -138,44 +171,120 @@ def greedy_by_size(tensors: Sequence[Tensor], alignment: int = ALIGNMENT) -> Lis
 
 
 def make_plan(tensors: Sequence[Tensor], steps: Sequence[str], naive_bytes: Optional[int] = None,
-              placement: Optional[Dict[str, Tuple[int, int]]] = None, alignment: int = ALIGNMENT) -> MemoryPlan:
+              values: Sequence[Value] = (), alignment: int = ALIGNMENT) -> MemoryPlan:
     """Places `tensors` with greedy_by_size and returns the plan."""
     tensors = list(tensors)
     offsets = greedy_by_size(tensors, alignment)
     arena = max([offset + _aligned(t.size, alignment) for t, offset in zip(tensors, offsets)] + [0])
     naive = sum(t.size for t in tensors) if naive_bytes is None else naive_bytes
-    return MemoryPlan(tensors, offsets, arena, naive, list(steps), alignment, dict(placement or {}))
+    return MemoryPlan(tensors, offsets, arena, naive, list(steps), alignment, list(values))
 
 
 def check_plan(plan: MemoryPlan) -> None:
-    """Raises AssertionError naming the tensors when two live at one step overlap in the arena, or one lies outside."""
-    items = sorted((offset, index) for index, offset in enumerate(plan.offsets) if plan.tensors[index].size > 0)
-    for offset, index in items:
-        tensor = plan.tensors[index]
-        if offset % plan.alignment or offset < 0 or offset + tensor.size > plan.arena_bytes:
+    """Raises AssertionError naming them when two values (or value-less buffers) live at one step share arena
+    bytes, unless one overwrites the other in place exactly where the other's life ends; or when one lies outside."""
+    for tensor, offset in zip(plan.tensors, plan.offsets):
+        if tensor.size > 0 and (offset % plan.alignment or offset < 0 or offset + tensor.size > plan.arena_bytes):
             raise AssertionError("tensor {} at offset {} (+{} bytes) lies outside the {}-byte arena or is not "
                                  "{}-aligned".format(tensor.name, offset, tensor.size, plan.arena_bytes, plan.alignment))
         if tensor.first > tensor.last:
             raise AssertionError("tensor {} dies (step {}) before it is made (step {})".format(
                 tensor.name, tensor.last, tensor.first))
-    # Sorted by offset: a tensor can only collide with those starting before its end.
-    for position, (offset, index) in enumerate(items):
-        a = plan.tensors[index]
-        for other_offset, other in items[position + 1:]:
-            if other_offset >= offset + a.size:
+    _check_values_inside_their_tensors(plan)
+    items = sorted(_live_items(plan), key=lambda item: item.start)
+    # Sorted by offset: an item can only collide with those starting before its end.
+    for position, a in enumerate(items):
+        for b in items[position + 1:]:
+            if b.start >= a.start + a.size:
                 break
-            b = plan.tensors[other]
-            if _overlap(a, b):
-                raise AssertionError(
-                    "tensors {} (bytes {}-{}, steps {}-{}) and {} (bytes {}-{}, steps {}-{}) overlap while both "
-                    "are live".format(a.name, offset, offset + a.size, a.first, a.last, b.name, other_offset,
-                                      other_offset + b.size, b.first, b.last))
+            message = _collision(plan, a, b) if a.first <= b.last and b.first <= a.last else None
+            if message is not None:
+                raise AssertionError(message)
     if plan.arena_bytes < plan.lower_bound_bytes:
         raise AssertionError("arena of {} bytes is below the lower bound {}".format(plan.arena_bytes,
                                                                                     plan.lower_bound_bytes))
-    for value, (index, byte_offset) in plan.placement.items():
-        if not 0 <= index < len(plan.tensors) or byte_offset < 0 or byte_offset > plan.tensors[index].size:
-            raise AssertionError("value {} is placed outside its tensor".format(value))
+
+
+class _Live(NamedTuple):
+    """What check_plan sweeps: a value at its arena bytes, or a buffer that holds no value (scratch)."""
+
+    kind: str  # "value" or "tensor"
+    start: int  # arena offset
+    size: int
+    first: int
+    last: int
+    name: str
+    inplace_of: Optional[str]
+
+    def describe(self) -> str:
+        return "{} (bytes {}-{}, steps {}-{})".format(self.name, self.start, self.start + self.size, self.first,
+                                                      self.last)
+
+
+def _live_items(plan: MemoryPlan) -> List[_Live]:
+    """Every value at its arena bytes, plus the buffers that hold no value, with their lifetimes."""
+    holding = {v.tensor for v in plan.values}
+    items = [_Live("value", plan.offsets[v.tensor] + v.offset, v.size, v.first, v.last, v.name, v.inplace_of)
+             for v in plan.values if v.size > 0]
+    items += [_Live("tensor", offset, t.size, t.first, t.last, t.name, None)
+              for index, (t, offset) in enumerate(zip(plan.tensors, plan.offsets))
+              if index not in holding and t.size > 0]
+    return items
+
+
+def _check_values_inside_their_tensors(plan: MemoryPlan) -> None:
+    names = {v.name for v in plan.values}
+    for value in plan.values:
+        if not 0 <= value.tensor < len(plan.tensors):
+            raise AssertionError("value {} is placed in tensor {}, which the plan does not have".format(
+                value.name, value.tensor))
+        tensor = plan.tensors[value.tensor]
+        if value.offset < 0 or value.offset + value.size > tensor.size:
+            raise AssertionError("value {} (+{} bytes at {}) is placed outside its tensor {} ({} bytes)".format(
+                value.name, value.size, value.offset, tensor.name, tensor.size))
+        if not tensor.first <= value.first <= value.last <= tensor.last:
+            raise AssertionError("value {} (steps {}-{}) outlives its tensor {} (steps {}-{})".format(
+                value.name, value.first, value.last, tensor.name, tensor.first, tensor.last))
+        if value.inplace_of is not None and value.inplace_of not in names:
+            raise AssertionError("value {} overwrites {} in place, which the plan does not have".format(
+                value.name, value.inplace_of))
+
+
+def _inplace_fault(plan: MemoryPlan, host: _Live, writer: _Live) -> Optional[str]:
+    """Why `writer` may not overwrite `host` in place (None when it may): the same bytes, an in-place op, and
+    `host` read for the last time by the very step that writes `writer`."""
+    op = plan.steps[writer.first] if 0 <= writer.first < len(plan.steps) else "no step"
+    if host.last != writer.first:
+        return "{} is read until step {}".format(host.name, host.last)
+    if op not in INPLACE_OPS:
+        return "{} is not an in-place op".format(op)
+    if (host.start, host.size) != (writer.start, writer.size):
+        return "they do not occupy the same bytes"
+    return None
+
+
+def _collision(plan: MemoryPlan, a: _Live, b: _Live) -> Optional[str]:
+    """The message for two items live at one step on shared bytes; None when that is a legal in-place write."""
+    for host, writer in ((a, b), (b, a)):
+        if writer.inplace_of == host.name:
+            fault = _inplace_fault(plan, host, writer)
+            if fault is None:
+                return None
+            return "values {} and {} overlap while both are live: {} overwrites {} in place at step {}, but {}".format(
+                host.describe(), writer.describe(), writer.name, host.name, writer.first, fault)
+    if a.kind == b.kind:
+        return "{}s {} and {} overlap while both are live".format(a.kind, a.describe(), b.describe())
+    return "{} {} and {} {} overlap while both are live".format(a.kind, a.describe(), b.kind, b.describe())
+
+
+def check_if_debug(program: Any, shipped_plan: Optional[bytes] = None) -> None:
+    """Under EDGEDYN_DEBUG=1, checks the plan an export ships (a backend's own, as JSON) or else the graph's."""
+    if not os.environ.get("EDGEDYN_DEBUG"):
+        return
+    if shipped_plan is not None:
+        check_plan(MemoryPlan.from_dict(json.loads(shipped_plan.decode("utf-8"))))
+    else:
+        check_plan(plan_program(program))
 
 
 # --- from an exported graph to tensors with lifetimes ---
@@ -223,6 +332,33 @@ def is_step(node: fx.Node) -> bool:
     return node.op == "call_function" and op_name(node) != "getitem" and op_name(node) not in ALIAS_OPS
 
 
+Storage = Tuple[str, str]  # ("arena", stored value) or ("weight", placeholder name)
+
+
+def storage_roots(graph: fx.Graph, user_inputs: Sequence[str]) -> Dict[fx.Node, Optional[Storage]]:
+    """Where each node's elements live; None for values that are not tensors.
+
+    Note: this is the one alias rule, read by the planner and by the portable backend. A view (ALIAS_OPS) and
+    getitem of a view's tuple (split, unbind) live in their base's storage; getitem of a step's tuple is a stored
+    value of its own, named `step.index`; a step's tensor result and a model input are stored values.
+    """
+    storage = {}  # type: Dict[fx.Node, Optional[Storage]]
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            storage[node] = ("arena", node.name) if node.name in user_inputs else ("weight", node.name)
+        elif node.op == "call_function":
+            base = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+            if op_name(node) in ALIAS_OPS or (op_name(node) == "getitem" and base is not None and not is_step(base)):
+                storage[node] = storage.get(base) if base is not None else None
+            elif not isinstance(node.meta.get("val"), torch.Tensor):
+                storage[node] = None  # a tuple's used outputs are stored through their getitem nodes
+            elif op_name(node) == "getitem":
+                storage[node] = ("arena", "{}.{}".format(base.name, node.args[1]))
+            else:
+                storage[node] = ("arena", node.name)
+    return storage
+
+
 def graph_tensors(graph: fx.Graph, user_inputs: Sequence[str],
                   workspace: Optional[Workspace] = None, inplace: bool = True) -> MemoryPlan:
     """Lifetimes of every tensor the graph's steps write, with in-place reuse, placed by greedy_by_size.
@@ -234,36 +370,15 @@ def graph_tensors(graph: fx.Graph, user_inputs: Sequence[str],
     step_of = {node: index for index, node in enumerate(steps)}
     last_step = max(len(steps) - 1, 0)
     roots = {}  # type: Dict[str, _Root]  # one per stored value
-    root_of = {}  # type: Dict[fx.Node, Optional[str]]  # None for weights
-    for node in nodes:
-        if node.op == "placeholder":
-            if node.name in user_inputs:
-                meta = tensor_meta(node.meta["val"])
-                roots[node.name] = _Root(node.name, extent_bytes(meta[0], meta[1], meta[4]), "input", 0, 0, meta)
-                root_of[node] = node.name
-            else:
-                root_of[node] = None
-        elif node.op == "call_function":
-            base = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-            if op_name(node) in ALIAS_OPS or (op_name(node) == "getitem" and base is not None and not is_step(base)):
-                root_of[node] = root_of[base] if base is not None else None
-            elif op_name(node) == "getitem":
-                if not isinstance(node.meta.get("val"), torch.Tensor):
-                    root_of[node] = None
-                    continue
-                root_of[node] = "{}.{}".format(base.name, node.args[1])
-                meta = tensor_meta(node.meta["val"])
-                roots[root_of[node]] = _Root(root_of[node], extent_bytes(meta[0], meta[1], meta[4]),
-                                             "intermediate", step_of[base], step_of[base], meta)
-            else:
-                value = node.meta.get("val")
-                if not isinstance(value, torch.Tensor):
-                    root_of[node] = None  # a tuple's used outputs become roots through their getitem nodes
-                    continue
-                meta = tensor_meta(value)
-                roots[node.name] = _Root(node.name, extent_bytes(meta[0], meta[1], meta[4]), "intermediate",
-                                         step_of[node], step_of[node], meta)
-                root_of[node] = node.name
+    root_of = {}  # type: Dict[fx.Node, Optional[str]]  # None for weights and non-tensors
+    for node, where in storage_roots(graph, user_inputs).items():
+        root_of[node] = where[1] if where is not None and where[0] == "arena" else None
+        if root_of[node] is None or root_of[node] in roots:
+            continue  # a weight, a non-tensor, or a view of a value already stored
+        meta = tensor_meta(node.meta["val"])
+        first = 0 if node.op == "placeholder" else step_of[node if is_step(node) else node.args[0]]
+        roots[root_of[node]] = _Root(root_of[node], extent_bytes(meta[0], meta[1], meta[4]),
+                                     "input" if node.op == "placeholder" else "intermediate", first, first, meta)
     for node in steps:
         for arg in tensor_args(node):
             name = root_of.get(arg)
@@ -275,16 +390,19 @@ def graph_tensors(graph: fx.Graph, user_inputs: Sequence[str],
         roots[name].last = last_step
         if roots[name].kind == "intermediate":
             roots[name].kind = "output"
+    lifetimes = {name: (root.first, root.last) for name, root in roots.items()}  # before merges extend them
     naive = sum(root.size for root in roots.values())
     buffer_of = {name: name for name in roots}  # root -> the root whose buffer it shares
     members = {name: [name] for name in roots}  # type: Dict[str, List[str]]
+    overwrites = {}  # type: Dict[str, str]  # value -> the value it writes over in place
     workspaces = []  # type: List[Tensor]
     for node in steps:
         step = step_of[node]
         if inplace and op_name(node) in INPLACE_OPS and node.name in roots:
-            host = _inplace_host(node, roots, root_of, buffer_of, outputs)
-            if host is not None:
-                buffer_of[node.name] = host
+            victim = _inplace_victim(node, roots, root_of, buffer_of, outputs)
+            if victim is not None:
+                host = buffer_of[victim]
+                buffer_of[node.name], overwrites[node.name] = host, victim
                 members[host].append(node.name)
                 roots[host].last = max(roots[host].last, roots[node.name].last)
                 if roots[node.name].kind == "output":
@@ -292,19 +410,20 @@ def graph_tensors(graph: fx.Graph, user_inputs: Sequence[str],
         for index, size in enumerate(workspace(node) if workspace else []):
             workspaces.append(Tensor("{}.scratch{}".format(node.name, index), size, step, step, "workspace"))
             naive += size
-    tensors, placement = [], {}  # type: List[Tensor], Dict[str, Tuple[int, int]]
+    tensors, values = [], []  # type: List[Tensor], List[Value]
     for name, root in roots.items():
         if buffer_of[name] != name:
             continue
         for member in members[name]:
-            placement[member] = (len(tensors), 0)
+            first, last = lifetimes[member]
+            values.append(Value(member, roots[member].size, first, last, len(tensors), 0, overwrites.get(member)))
         tensors.append(Tensor(name, root.size, root.first, root.last, root.kind, tuple(members[name])))
-    return make_plan(tensors + workspaces, [op_name(node) for node in steps], naive, placement)
+    return make_plan(tensors + workspaces, [op_name(node) for node in steps], naive, values)
 
 
-def _inplace_host(node: fx.Node, roots: Dict[str, _Root], root_of: Dict[fx.Node, Optional[str]],
-                  buffer_of: Dict[str, str], outputs: Any) -> Optional[str]:
-    """The buffer `node` may write over: an argument that is a whole buffer, read for the last time here."""
+def _inplace_victim(node: fx.Node, roots: Dict[str, _Root], root_of: Dict[fx.Node, Optional[str]],
+                    buffer_of: Dict[str, str], outputs: Any) -> Optional[str]:
+    """The stored value `node` may write over: an argument that is a whole buffer, read for the last time here."""
     out_meta = roots[node.name].meta
     candidates = [arg for arg in node.args if isinstance(arg, fx.Node)]
     for arg in candidates:
@@ -320,7 +439,7 @@ def _inplace_host(node: fx.Node, roots: Dict[str, _Root], root_of: Dict[fx.Node,
                   and buffer_of[root_of[o]] == host]
         if any(tensor_meta(o.meta["val"]) != meta for o in others):
             continue
-        return host
+        return name
     return None
 
 
