@@ -8,6 +8,9 @@ A plan counts every tensor the executor writes: the graph inputs (copied into th
 intermediates, the outputs (live to the end) and per-op scratch (`workspace`, live during its op only). Weights
 are not in the arena. `check_plan` verifies a plan without trusting the planner, value by value: each graph
 value keeps its own lifetime, so a wrong in-place merge shows as two live values sharing bytes.
+
+Over ~400 lines on purpose: the records, the graph walk that fills them, the in-place rule (INPLACE_OPS) and the
+checker that re-derives it are read together when the planner changes; the checker stays a separate function set.
 """
 import json
 import operator
@@ -432,7 +435,7 @@ def _inplace_victim(node: fx.Node, roots: Dict[str, _Root], root_of: Dict[fx.Nod
             continue
         host = buffer_of[name]
         meta = tensor_meta(arg.meta["val"])
-        if meta != out_meta or roots[name].meta != meta or roots[host].last != node_step(roots, node):
+        if meta != out_meta or roots[name].meta != meta or roots[host].last != roots[node.name].first:
             continue
         # Another argument viewing the same buffer differently would be overwritten while still read.
         others = [o for o in tensor_args(node) if o is not arg and root_of.get(o) is not None
@@ -441,10 +444,6 @@ def _inplace_victim(node: fx.Node, roots: Dict[str, _Root], root_of: Dict[fx.Nod
             continue
         return name
     return None
-
-
-def node_step(roots: Dict[str, _Root], node: fx.Node) -> int:
-    return roots[node.name].first
 
 
 def plan_program(program: Any, workspace: Optional[Workspace] = None, inplace: bool = True) -> MemoryPlan:
