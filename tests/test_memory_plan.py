@@ -225,8 +225,8 @@ VALUE_CASES = [
     ([("conv", 0, 0, 0, ""), ("relu", 0, 0, 2, "conv")], RELU_CHAIN, "but aten.convolution.default is not an "
                                                                      "in-place op"),
     ([("conv", 0, 0, 1, ""), ("relu", 32, 1, 2, "conv")], RELU_CHAIN, "but they do not occupy the same bytes"),
-    ([("conv", 0, 0, 1, ""), ("relu", 0, 1, 2, "")], RELU_CHAIN, r"values conv \(bytes 0-64, steps 0-1\) and relu "
-                                                                 r"\(bytes 0-64, steps 1-2\) overlap while both are live$"),
+    ([("conv", 0, 0, 1, ""), ("relu", 0, 1, 2, "")], RELU_CHAIN,
+     r"values conv \(bytes 0-64, steps 0-1\) and relu \(bytes 0-64, steps 1-2\) overlap while both are live$"),
     ([("conv", 0, 0, 1, ""), ("relu", 64, 1, 2, "")], RELU_CHAIN, None),  # side by side in one buffer
     ([("conv", 0, 0, 1, ""), ("relu", 96, 1, 2, "")], RELU_CHAIN, "placed outside its tensor buf"),
     ([("conv", 0, 0, 1, ""), ("relu", 0, 1, 2, "gelu")], RELU_CHAIN, "overwrites gelu in place, which the plan"),

@@ -5,7 +5,7 @@ view of one arena laid out by `edgedyn.passes.memory_plan`. Needs only numpy >= 
 board, so it runs where no compiled runtime installs (a Jetson Nano on its stock Python).
 """
 import json
-from typing import Any, Dict, List, Optional, Tuple  # noqa: F401 (type comments)
+from typing import Any, Dict, List, Optional  # noqa: F401 (type comments)
 
 import numpy as np
 import torch

@@ -189,7 +189,8 @@ def check_plan(plan: MemoryPlan) -> None:
     for tensor, offset in zip(plan.tensors, plan.offsets):
         if tensor.size > 0 and (offset % plan.alignment or offset < 0 or offset + tensor.size > plan.arena_bytes):
             raise AssertionError("tensor {} at offset {} (+{} bytes) lies outside the {}-byte arena or is not "
-                                 "{}-aligned".format(tensor.name, offset, tensor.size, plan.arena_bytes, plan.alignment))
+                                 "{}-aligned".format(tensor.name, offset, tensor.size, plan.arena_bytes,
+                                                     plan.alignment))
         if tensor.first > tensor.last:
             raise AssertionError("tensor {} dies (step {}) before it is made (step {})".format(
                 tensor.name, tensor.last, tensor.first))

@@ -116,8 +116,9 @@ WHEEL_PROBE = """
 import json, sys
 from importlib import metadata
 import edgedyn, edgedyn.boards
-found = {"file": edgedyn.__file__, "version": metadata.version("edgedyn"), "boards_dir": str(edgedyn.boards.boards_dir()),
-         "boards": edgedyn.boards.board_names(), "targets": edgedyn.boards.target_names()}
+found = {"file": edgedyn.__file__, "version": metadata.version("edgedyn"),
+         "boards_dir": str(edgedyn.boards.boards_dir()), "boards": edgedyn.boards.board_names(),
+         "targets": edgedyn.boards.target_names()}
 for name in ("numpy", "tomli"):
     try:
         found[name] = __import__(name).__file__
@@ -160,7 +161,7 @@ def test_board_runs_the_installed_wheel_of_this_checkout(rootfs_fixture: str, re
 def test_installs_are_cached_by_wheel_hash(pi_rootfs: Path, tmp_path: Path) -> None:
     site = installed_checkout(pi_rootfs)
     wheel = build_wheel(REPO, tmp_path / "wheel")
-    assert install_wheel(pi_rootfs, wheel) == site  # the same bytes: the same install, reused
+    assert install_wheel(pi_rootfs, wheel, image_of(pi_rootfs)) == site  # the same bytes: the same install, reused
     changed = tmp_path / "changed" / wheel.name
     changed.parent.mkdir()
     with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(changed, "w") as target:
@@ -168,9 +169,9 @@ def test_installs_are_cached_by_wheel_hash(pi_rootfs: Path, tmp_path: Path) -> N
             data = source.read(item)
             target.writestr(item, data + b"\n# changed\n" if item.filename == "edgedyn/__init__.py" else data)
     cache = tmp_path / "cache"
-    first = install_wheel(pi_rootfs, wheel, cache_dir=cache)
+    first = install_wheel(pi_rootfs, wheel, image_of(pi_rootfs), cache_dir=cache)
     stamp = (first.parent / "install.json").stat().st_mtime_ns
-    assert install_wheel(pi_rootfs, wheel, cache_dir=cache) == first
+    assert install_wheel(pi_rootfs, wheel, image_of(pi_rootfs), cache_dir=cache) == first
     assert (first.parent / "install.json").stat().st_mtime_ns == stamp  # not installed a second time
-    other = install_wheel(pi_rootfs, changed, cache_dir=cache)
+    other = install_wheel(pi_rootfs, changed, image_of(pi_rootfs), cache_dir=cache)
     assert other != first and (other / "edgedyn" / "__init__.py").read_bytes().endswith(b"# changed\n")
