@@ -54,7 +54,8 @@ def measure(use_tvm: bool) -> List[Dict[str, Any]]:
     from edgedyn.boards import load_board
     from edgedyn.frontend import capture
     from edgedyn.passes import run_pipeline
-    from edgedyn.passes.memory_plan import check_plan, plan_program
+    from edgedyn.passes.memory_check import check_plan
+    from edgedyn.passes.memory_plan import plan_program
 
     board = load_board("x86-64")
     rows = []

@@ -199,8 +199,10 @@ def _memory_record(writer: BundleWriter, prefix: str, optimized: Any, artifact: 
     """The memory plan summary: the executor's own when its backend planned an arena, else the graph's."""
     import json
 
+    from edgedyn.passes.memory_check import check_if_debug
     from edgedyn.passes.memory_plan import plan_program
 
+    check_if_debug(optimized, artifact.files.get("plan"))
     if "plan" in files and "memory" in artifact.meta:
         return dict(artifact.meta["memory"], plan=files["plan"], source=artifact.backend)
     plan = plan_program(optimized)

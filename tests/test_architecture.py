@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "edgedyn"
 # below it. The longest matching prefix decides; a prefix ending in "=" names that module alone, not its submodules.
 LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("runtime", ("edgedyn.runtime",)),  # on the board: imports nothing else from edgedyn
-    ("base", ("edgedyn.errors", "edgedyn.torch_quiet", "edgedyn.version")),
+    ("base", ("edgedyn.errors", "edgedyn.torch_quiet", "edgedyn.version", "edgedyn._schema")),
     ("registry", ("edgedyn.registry",)),
     ("boards", ("edgedyn.boards",)),
     ("capture", ("edgedyn.frontend", "edgedyn.zoo")),

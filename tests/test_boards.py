@@ -344,3 +344,68 @@ def test_cli_unknown_board_prints_error_and_hint(capsys):
     err = capsys.readouterr().err
     assert "error: unknown board 'jetson-nan'; choose from: jetson-nano," in err
     assert "hint: did you mean 'jetson-nano'?" in err
+
+
+# --- one schema: parsing and writing back agree ---
+
+def _without_none(data):
+    """A to_dict result as a TOML file could hold it (TOML has no null)."""
+    if isinstance(data, dict):
+        return {k: _without_none(v) for k, v in data.items() if v is not None}
+    return data
+
+
+@pytest.mark.parametrize("name", BOARDS)
+def test_to_dict_parses_back_to_the_same_board(name):
+    from edgedyn import _schema
+
+    board = load_board(name)
+    data = _without_none(board.to_dict())
+    _schema.check_layout(data, Board, str(board.path))
+    assert _schema.parse(Board, data, str(board.path), path=board.path) == board
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_target_to_dict_parses_back_to_the_same_target(name):
+    from edgedyn import _schema
+    from edgedyn.boards import Target
+
+    target = load_target(name)
+    data = target.to_dict()
+    _schema.check_layout(data, Target, str(target.path))
+    again = _schema.parse(Target, data, str(target.path), path=target.path)
+    assert again.to_dict() == data and again.name == target.name and again.mcpu == target.mcpu
+
+
+def test_optional_fields_default_and_missing_ones_are_none_in_to_dict(tmp_path):
+    board = load_board(str(write(tmp_path, GOOD_BOARD)))
+    assert board.onnxruntime_providers == ("CPUExecutionProvider",) and board.cpu_features == ("neon", "crc")
+    data = board.to_dict()
+    assert data["gpu"] is None and data["os"]["cuda"] is None and data["targets"]["gpu_target"] is None
+    assert "toolchain" in load_target("cortex-a72").to_dict() and "tvm_host" not in load_target("cortex-a72").to_dict()
+
+
+def test_unknown_top_level_field_lists_fields_and_tables(tmp_path):
+    path = write(tmp_path, "colour = 'red'\n" + GOOD_BOARD)
+    with pytest.raises(BoardError) as caught:
+        load_board(str(path))
+    assert caught.value.message.startswith("{}: colour: expected one of name, description, arch, notes, [cpu], "
+                                           "[memory], [gpu], [os]".format(path)), caught.value.message
+
+
+def test_gpu_missing_field_names_file_and_field(tmp_path):
+    path = write(tmp_path, GOOD_BOARD + '\n[gpu]\nname = "x"\narch = "sm_53"\ncuda_cores = 128\n')
+    with pytest.raises(BoardError, match=re.escape("{}: gpu.compute_capability: expected a value".format(path))):
+        load_board(str(path))
+
+
+def test_each_target_file_is_read_once(monkeypatch):
+    import edgedyn.boards as boards
+
+    board = load_board("jetson-orin-nano")
+    reads = []
+    real = boards._read_toml
+    monkeypatch.setattr(boards, "_read_toml", lambda path, what: reads.append(path) or real(path, what))
+    assert board.target("gpu") is board.target("gpu") and board.target() is load_target("cortex-a78ae")
+    assert board.targets()["gpu"].tvm["arch"] == "sm_87"
+    assert reads == []  # load_board already read both targets

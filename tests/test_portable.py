@@ -11,7 +11,8 @@ from torch import nn
 import edgedyn
 import edgedyn.runtime as rt
 from edgedyn.errors import BackendError
-from edgedyn.passes.memory_plan import MemoryPlan, Tensor, check_plan
+from edgedyn.passes.memory_check import check_plan
+from edgedyn.passes.memory_plan import MemoryPlan, Tensor
 
 from conftest import ALL_MODELS, RTOL, assert_matches_torch
 
