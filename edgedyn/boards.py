@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from edgedyn import _schema
 from edgedyn._schema import choice, fail, integer, key, names, plain, text
-from edgedyn.registry import backend_names
+from edgedyn.registry import backend_names, gpu_backends as gpu_backend_names
 from edgedyn.errors import BoardError, MissingDependencyError
 from edgedyn.runtime.format import host_arch
 
@@ -164,7 +164,11 @@ class Board:
                                     text(expected="the name of a cuda target, e.g. 'cuda-sm53'"), default=None)
     qemu_cpu: Optional[str] = key("emulation", "qemu_cpu", text(expected="a CPU from `qemu-aarch64-static -cpu help`"),
                                   default=None)
+    # The CPU artifact's backends, best first (`auto` for another board takes the first that builds).
     backends: Tuple[str, ...] = key("backends", "preference", names(backend_names, allow_empty=False))
+    # The GPU artifact's backends, best first: a separate choice, since the best GPU code generator (TVM) is the
+    # worst CPU one untuned. Default: every registered backend that builds CUDA code.
+    gpu_backends: Tuple[str, ...] = key("backends", "gpu_preference", names(gpu_backend_names), default=())
     # onnxruntime execution providers to try on the board, best first (TensorRT and CUDA on a Jetson).
     onnxruntime_providers: Tuple[str, ...] = key("backends", "onnxruntime_providers", names(allow_empty=False),
                                                  default=("CPUExecutionProvider",))

@@ -129,12 +129,11 @@ def _gpu_target(board: Board, backend: str, device: str, precision: str) -> Opti
 
 
 def _gpu_backend(board: Board, backend: str) -> str:
-    """The backend that builds GPU code: the one asked for, else the board's first preference that builds for
-    CUDA, else the first registered one that does."""
+    """The backend that builds GPU code: the one asked for, else the first of the board's GPU preference
+    (`backends.gpu_preference`; by default every registered backend that builds CUDA code)."""
     if backend != AUTO:
         return backend
-    preferred = [name for name in board.backends if name in BACKENDS and BACKENDS[name].builds_for("cuda")]
-    return (preferred + gpu_backends())[0]
+    return (list(board.gpu_backends) + gpu_backends())[0]
 
 
 class GpuFallbackWarning(UserWarning):
