@@ -14,6 +14,8 @@ from edgedyn.boards import (
 from edgedyn.cli.main import app
 from edgedyn.errors import BoardError
 
+from conftest import require_module
+
 BOARDS = ["jetson-nano", "jetson-orin-nano", "jetson-xavier-nx", "raspberry-pi-4", "raspberry-pi-5", "x86-64"]
 TARGETS = ["carmel", "cortex-a57", "cortex-a72", "cortex-a76", "cortex-a78ae", "cuda-sm53", "cuda-sm72",
            "cuda-sm87", "x86-64-v2"]
@@ -156,7 +158,7 @@ def test_host_arch(monkeypatch, machine, arch):
 
 @pytest.mark.parametrize("name", TARGETS)
 def test_target_builds_in_tvm_and_llvm_knows_its_cpu(name):
-    tvm = pytest.importorskip("tvm")
+    tvm = require_module("tvm")
     from tvm.target import codegen
 
     target = load_target(name)
@@ -173,7 +175,7 @@ def test_target_builds_in_tvm_and_llvm_knows_its_cpu(name):
 
 @pytest.mark.parametrize("name", [n for n in TARGETS if not n.startswith("cuda")])
 def test_cpu_target_reaches_llvm_codegen(name):
-    tvm = pytest.importorskip("tvm")
+    tvm = require_module("tvm")
     from tvm import te
 
     target = load_target(name)
@@ -187,7 +189,7 @@ def test_cpu_target_reaches_llvm_codegen(name):
 
 
 def _llvm_isa(triple, mcpu, mattr=()):
-    tvm = pytest.importorskip("tvm")
+    tvm = require_module("tvm")
     from tvm.target import codegen
 
     spec = {"kind": "llvm", "mtriple": triple, "mcpu": mcpu}

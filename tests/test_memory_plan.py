@@ -12,7 +12,7 @@ from edgedyn.passes.memory_check import check_plan
 from edgedyn.passes.memory_plan import (MemoryPlan, Tensor, Value, greedy_by_size, live_peak, make_plan,
                                         plan_program)
 
-from conftest import ALL_MODELS, EXAMPLES
+from conftest import ALL_MODELS, EXAMPLES, require_module
 
 # Reference models beside the examples: (model reference, --input options).
 
@@ -176,7 +176,7 @@ def test_inspect_memory_prints_the_plan_and_draws_one_rectangle_per_tensor(expor
 def test_inspect_json_has_memory_for_every_backend(export_example, run_cli):
     import json
 
-    pytest.importorskip("tvm")
+    require_module("tvm")
     result = run_cli("inspect", "--json", str(export_example("mlp")))  # TVM: the plan of the graph
     manifest = json.loads(result.stdout)
     for spec in manifest["specializations"]:

@@ -15,8 +15,7 @@ from edgedyn.runtime.executors.onnxruntime import usable_providers
 
 from conftest import ALL_MODELS, EXAMPLES, REPO, RTOL, assert_matches_torch
 
-onnx = pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.requires("onnx", "onnxruntime")
 
 MODELS = ALL_MODELS
 
@@ -51,6 +50,8 @@ def test_bundle_holds_one_portable_onnx_file_with_its_weights(export_onnx):
     assert artifact["tolerance"]["rtol"] == 1e-4
     assert artifact["selection"] == {"mode": "user", "requested": "onnxruntime"}
     assert list(artifact["files"]) == ["model"] and artifact["files"]["model"].endswith("/model.onnx")
+    import onnx
+
     model = onnx.load_from_string(bundle.read(artifact["files"]["model"]))
     onnx.checker.check_model(model)
     assert [i.name for i in model.graph.input] == ["x"] and [o.name for o in model.graph.output] == ["output_0"]

@@ -13,8 +13,7 @@ from edgedyn.runtime.format import Bundle
 
 from conftest import EXAMPLES
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("tflite")
+pytestmark = pytest.mark.requires("onnxruntime", "tflite")
 
 # (model reference, --input, one calibration sample's shape)
 MODELS = {

@@ -17,9 +17,9 @@ from edgedyn.passes import run_pipeline
 from edgedyn.runtime.executors import EXECUTORS
 from edgedyn.selection import Timing, candidates, check_backend_name, choose
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, require_module
 
-pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.requires("onnxruntime")
 FAST = Timing(warmup=1, min_runs=3, max_runs=20, seconds=0.2)
 
 
@@ -200,7 +200,7 @@ def test_cross_board_bundle_records_the_preference(tmp_path):
 
 
 def test_auto_keeps_the_fastest_for_mobilenet_v2_and_onnxruntime_beats_untuned_tvm(tmp_path, capsys):
-    pytest.importorskip("tvm")
+    require_module("tvm")
     lines: List[str] = []
     path = edgedyn.export(str(EXAMPLES / "mobilenet_v2.py:MobileNetV2"), inputs=["x=1x3x96x96"], board="x86-64",
                           output=tmp_path / "mnv2.edgedyn", progress=lines.append)

@@ -14,8 +14,7 @@ from torch.nn import functional as F
 import edgedyn
 import edgedyn.runtime as rt
 
-pytest.importorskip("ai_edge_litert")
-pytest.importorskip("tflite")
+pytestmark = pytest.mark.requires("ai_edge_litert", "tflite")
 RTOL = 1e-4
 
 

@@ -9,7 +9,7 @@ from edgedyn.frontend.loading import load_reference
 
 from conftest import EXAMPLE_MODELS, EXAMPLES, RTOL, assert_matches_torch
 
-pytest.importorskip("tvm")
+pytestmark = pytest.mark.requires("tvm")
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLE_MODELS))

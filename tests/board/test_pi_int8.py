@@ -19,8 +19,7 @@ from conftest import EXAMPLES
 
 from .emulator import run_edgedyn
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("tflite")
+pytestmark = pytest.mark.requires("onnxruntime", "tflite")
 
 BOARD = "raspberry-pi-4"
 MODELS = {

@@ -9,7 +9,7 @@ from conftest import EXAMPLE_MODELS, REPO
 
 from .emulator import run_edgedyn
 
-pytest.importorskip("tvm")
+pytestmark = pytest.mark.requires("tvm")
 
 
 def board_cli(rootfs: Path, *args: str, cpu: str = "cortex-a72"):
