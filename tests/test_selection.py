@@ -49,6 +49,55 @@ def crashes(build: Build) -> Artifact:
     raise KeyError("a bug in a backend")
 
 
+class FakeClock:
+    """Time that passes only inside ClockedExecutor.run: what each stand-in backend's artifact costs per call."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.calls = {}  # type: Dict[str, int]
+
+    def __call__(self) -> float:
+        return self.now
+
+
+CLOCK = FakeClock()
+
+
+def _clocked(program: Any, name: str, milliseconds: float) -> Artifact:
+    """A correct artifact (torch's own outputs on the example inputs) that costs `milliseconds` on CLOCK."""
+    outputs = program.module()(*program.example_inputs[0])
+    outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+    return Artifact(backend=name, executor="clocked", device="cpu", arch=None, target="none",
+                    files={"note": b"clocked"}, file_names={"note": "note.txt"},
+                    meta={"outputs": [v.detach().numpy().tolist() for v in outputs], "ms": milliseconds})
+
+
+def a_slow(program: Any, board: Any, target: Any, tensor_inputs: List[str]) -> Artifact:
+    return _clocked(program, "a_slow", 4.0)
+
+
+def b_fast(program: Any, board: Any, target: Any, tensor_inputs: List[str]) -> Artifact:
+    return _clocked(program, "b_fast", 0.5)
+
+
+def c_too_slow(program: Any, board: Any, target: Any, tensor_inputs: List[str]) -> Artifact:
+    return _clocked(program, "c_too_slow", 64.0)
+
+
+class ClockedExecutor:
+    def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
+        self.name, self.seconds = artifact["backend"], artifact["ms"] / 1000.0
+        self.outputs = [np.asarray(value, np.float32) for value in artifact["outputs"]]
+
+    def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
+        CLOCK.now += self.seconds
+        CLOCK.calls[self.name] = CLOCK.calls.get(self.name, 0) + 1
+        return [value.copy() for value in self.outputs]
+
+    def describe(self) -> Dict[str, Any]:
+        return {"executor": "clocked"}
+
+
 class ZerosExecutor:
     def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
         self.shapes, self.fail = artifact["shapes"], artifact.get("fail", False)
@@ -78,6 +127,7 @@ def _stand_in(name: str, lowering: str) -> Backend:
 
 def _register(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
     monkeypatch.setitem(EXECUTORS, "zeros", "test_selection:ZerosExecutor")
+    monkeypatch.setitem(EXECUTORS, "clocked", "test_selection:ClockedExecutor")
     for name in names:
         monkeypatch.setitem(BACKENDS, name, _stand_in(name, name))
 
@@ -126,6 +176,24 @@ def test_auto_never_picks_an_artifact_that_failed(monkeypatch, loop_spec):
         "cannot_express": "cannot express aten.mul.Tensor (examples/loop_example.py:12)",
         "crashes": "internal error: KeyError: 'a bug in a backend' (EDGEDYN_DEBUG=1 shows the traceback)",
     }
+
+
+def test_auto_keeps_the_fastest_by_the_clock_and_stops_timing_by_its_rules(monkeypatch, loop_spec):
+    spec, program = loop_spec
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch, "a_slow", "b_fast", "c_too_slow")
+    monkeypatch.setattr(CLOCK, "calls", {})
+    board = load_board("x86-64")  # prefers none of them: candidates come by name, the slow one first
+    timing = Timing(warmup=3, min_runs=5, max_runs=50, seconds=0.032, clock=CLOCK)
+    artifact = choose("auto", program, board, board.target("cpu"), spec, timing=timing)
+    selection = artifact.meta["selection"]
+    assert artifact.backend == selection["chosen"] == "b_fast"
+    assert selection["medians_ms"] == {"a_slow": 4.0, "b_fast": 0.5, "c_too_slow": 64.0}
+    assert selection["rejected"] == {}
+    # One call to verify, then: first call, 2 more warm-ups, timed runs until 32 ms have passed (8 of 4 ms),
+    # at least 5; capped at 50 for the fast one (50 x 0.5 ms < 32 ms); a call slower than 32 ms: 1 timed run.
+    assert CLOCK.calls == {"a_slow": 1 + 3 + 8, "b_fast": 1 + 3 + 50, "c_too_slow": 1 + 1 + 1}
 
 
 def test_edgedyn_debug_lets_a_backend_bug_through(monkeypatch, loop_spec):
@@ -199,7 +267,7 @@ def test_cross_board_bundle_records_the_preference(tmp_path):
     assert artifact["selection"]["order"] == list(board.backends)
 
 
-def test_auto_keeps_the_fastest_for_mobilenet_v2_and_onnxruntime_beats_untuned_tvm(tmp_path, capsys):
+def test_auto_measures_every_backend_on_mobilenet_v2_and_keeps_the_fastest(tmp_path, capsys):
     require_module("tvm")
     lines: List[str] = []
     path = edgedyn.export(str(EXAMPLES / "mobilenet_v2.py:MobileNetV2"), inputs=["x=1x3x96x96"], board="x86-64",
@@ -210,11 +278,10 @@ def test_auto_keeps_the_fastest_for_mobilenet_v2_and_onnxruntime_beats_untuned_t
     medians = selection["medians_ms"]
     assert selection["mode"] == "measured" and selection["host"] == "x86_64"
     assert {"onnxruntime", "tvm"} <= set(medians), selection
-    # onnxruntime and LiteRT (XNNPACK) are close on this net, and either may win on a busy machine; untuned TVM
-    # (naive loops) never should.
-    assert selection["chosen"] == artifact["backend"] == min(medians, key=medians.get) != "tvm"
-    assert medians["onnxruntime"] < medians["tvm"]
-    assert all(r["ok"] for r in rt.load(path).verify())
+    # Which backend is fastest is measured (benchmarks/compare.py), not asserted: a busy machine may reorder them.
+    assert selection["chosen"] == artifact["backend"] == min(medians, key=medians.get)
+    results = rt.load(path).verify()
+    assert results and all(r["ok"] for r in results), results
     # What a person sees in the export's progress, and what docs/backends.md quotes.
     with capsys.disabled():
         print("\nauto on MobileNetV2 1x3x96x96 (x86-64): medians_ms {} rejected {}".format(
