@@ -45,7 +45,9 @@ def test_bundle_is_portable_graph_data_with_a_checked_plan(portable_bundle, mode
         assert artifact["arch"] is None and artifact["executor"] == "portable"
         graph = json.loads(bundle.read(artifact["files"]["graph"]))
         assert graph["steps"] and all(step["op"].startswith("aten.") for step in graph["steps"])
-        assert all(array.dtype == np.float32 for array in bundle.arrays(artifact["files"]["weights"]).values())
+        weights = bundle.arrays(artifact["files"]["weights"])
+        assert weights or model == "loop_example", model  # the one example without parameters
+        assert all(array.dtype == np.float32 for array in weights.values())
         plan = json.loads(bundle.read(spec["memory"]["plan"]))
         assert plan["arena_bytes"] == graph["arena_bytes"] == spec["memory"]["arena_bytes"]
         tensors = [Tensor(t["name"], t["size"], t["first"], t["last"], t["kind"]) for t in plan["tensors"]]
