@@ -20,7 +20,7 @@ BOARDS = ["jetson-nano", "jetson-orin-nano", "jetson-xavier-nx", "raspberry-pi-4
 TARGETS = ["carmel", "cortex-a57", "cortex-a72", "cortex-a76", "cortex-a78ae", "cuda-sm53", "cuda-sm72",
            "cuda-sm87", "x86-64-v2"]
 
-# Public specs (shared/FACTS.md "Boards"): the files must say the same.
+# Public specs (docs/stack-notes.md, "Boards"): the files must say the same.
 FACTS = [
     # name, arch, cores, gpu arch, cuda, python, cpu target, gpu target, qemu cpu
     ("jetson-nano", "aarch64", 4, "sm_53", "10.2", "3.8", "cortex-a57", "cuda-sm53", "cortex-a57"),

@@ -39,7 +39,7 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[2]  # the checkout whose edgedyn the board runs
 
 # A Raspberry Pi 4/5 on Raspberry Pi OS bookworm: pyproject's base dependencies with numpy from the wheel,
-# plus its [tvm] extra (FACTS.md: apache-tvm-ffi 0.1.15 segfaults, hence the pin) and [onnxruntime] and [litert]
+# plus its [tvm] extra (apache-tvm-ffi is pinned: docs/stack-notes.md) and [onnxruntime] and [litert]
 # extras.
 PI_BOOKWORM = BoardImage(
     "bookworm",

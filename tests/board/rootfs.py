@@ -129,7 +129,7 @@ def run_on_board(
         raise FileNotFoundError(f"no usr/bin/python3 in {rootfs}; build the board first with ensure_rootfs()")
     if shutil.which("qemu-aarch64-static") is None:
         raise FileNotFoundError(f"qemu-aarch64-static is not on PATH; install it with: {INSTALL_HINT}")
-    # Always a real CPU model: qemu's default `max` gave wrong int8 results under XNNPACK (FACTS.md).
+    # Always a real CPU model: qemu's default `max` gave wrong int8 under XNNPACK (docs/stack-notes.md).
     command = ["qemu-aarch64-static", "-L", str(rootfs), "-cpu", cpu, str(python), *argv]
     return subprocess.run(
         command,
