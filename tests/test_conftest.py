@@ -22,6 +22,7 @@ import pytest
 
 from conftest import require, require_module
 
+
 @pytest.mark.requires("{missing}")
 def test_marked():
     pass
@@ -48,12 +49,25 @@ def test_gpu_only():
 def test_present():
     assert require_module("json").dumps([1]) == "[1]"
 '''.format(missing=MISSING)
+# What a module-level importorskip became: every test in the file needs the module.
+GENERATED_MODULE = '''
+import pytest
+
+pytestmark = pytest.mark.requires("{missing}")
+
+
+def test_whole_module():
+    pass
+'''.format(missing=MISSING)
+ALL_GENERATED = {"test_marked", "test_in_the_body", "test_through_a_module_fixture", "test_whole_module",
+                 "test_gpu_only", "test_present"}
+NEEDS_MISSING = ("test_marked", "test_in_the_body", "test_through_a_module_fixture", "test_whole_module")
 
 
 def run_generated(tmp_path: Path, ci: bool) -> Dict[str, Tuple[str, str]]:
-    """Runs the generated test file with this repo's conftest and markers: test name -> (outcome, message)."""
-    test_file = tmp_path / "test_generated.py"
-    test_file.write_text(GENERATED)
+    """Runs the generated test files with this repo's conftest and markers: test name -> (outcome, message)."""
+    (tmp_path / "test_generated.py").write_text(GENERATED)
+    (tmp_path / "test_generated_module.py").write_text(GENERATED_MODULE)
     report = tmp_path / "report.xml"
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO)])
@@ -61,20 +75,20 @@ def run_generated(tmp_path: Path, ci: bool) -> Dict[str, Tuple[str, str]]:
         env["CI"] = "true"
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-c", str(REPO / "pyproject.toml"),
                            "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-q", "--junit-xml", str(report),
-                           str(test_file)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+                           "test_generated.py", "test_generated_module.py"],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
     assert report.exists(), done.stdout + done.stderr
     outcomes = {}
     for case in ElementTree.parse(str(report)).iter("testcase"):
         results = [child for child in case if child.tag in ("failure", "error", "skipped")]
         outcomes[case.get("name")] = (results[0].tag, results[0].get("message", "")) if results else ("passed", "")
-    assert set(outcomes) == {"test_marked", "test_in_the_body", "test_through_a_module_fixture", "test_gpu_only",
-                             "test_present"}, done.stdout + done.stderr
+    assert set(outcomes) == ALL_GENERATED, done.stdout + done.stderr
     return outcomes
 
 
 def test_a_missing_module_fails_under_ci_naming_it(tmp_path):
     outcomes = run_generated(tmp_path, ci=True)
-    for name in ("test_marked", "test_in_the_body", "test_through_a_module_fixture"):
+    for name in NEEDS_MISSING:
         outcome, message = outcomes[name]
         assert outcome in ("failure", "error"), outcomes[name]  # a failing fixture or setup hook is an error
         assert "needs the Python module '{}'".format(MISSING) in message and "CI=true: this test must run" in message
@@ -85,7 +99,7 @@ def test_a_missing_module_fails_under_ci_naming_it(tmp_path):
 
 def test_a_missing_module_skips_locally_with_the_reason(tmp_path):
     outcomes = run_generated(tmp_path, ci=False)
-    for name in ("test_marked", "test_in_the_body", "test_through_a_module_fixture", "test_gpu_only"):
+    for name in NEEDS_MISSING + ("test_gpu_only",):
         assert outcomes[name][0] == "skipped", outcomes[name]
     assert "needs the Python module '{}'".format(MISSING) in outcomes["test_marked"][1]
     assert outcomes["test_present"] == ("passed", "")
