@@ -1,5 +1,6 @@
 """GPU artifacts for the Jetsons, built without a GPU: real device code for each arch, or a loud failure."""
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from edgedyn.backends import nvrtc
 from edgedyn.backends.artifact import Build
 from edgedyn.backends.tvm import check_device_code, lower
 from edgedyn.boards import load_board
-from edgedyn.errors import BackendError
+from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.frontend import capture
 from edgedyn.passes import run_pipeline
 from edgedyn.runtime import devices
@@ -57,6 +58,14 @@ def test_ptxas_assembles_the_ptx_for_each_jetson(gpu_artifacts, tmp_path, board,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert cubin.read_bytes()[:4] == b"\x7fELF"  # a cubin is an ELF file of device code
+
+
+def test_missing_ptxas_names_the_cuda_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.cuda_nvcc", None)  # as if the nvcc wheel were not installed
+    with pytest.raises(MissingDependencyError) as raised:
+        nvrtc.ptxas_path()
+    assert raised.value.message == "checking PTX needs ptxas from NVIDIA's nvcc wheel, which is not installed"
+    assert "pip install 'edgedyn[cuda]'" in raised.value.hint
 
 
 def test_maxwell_ptx_is_real_maxwell_code(gpu_artifacts):
@@ -118,7 +127,6 @@ def test_fp16_gpu_artifact_records_its_accuracy(tmp_path):
 def test_the_real_gpu_check_builds_for_a_local_gpu_without_one():
     """tests/gpu/check_gpu.py's build half (x86 host, the local GPU's arch) works on a machine with no GPU."""
     import json
-    import sys
     from pathlib import Path
 
     script = Path(__file__).parent / "gpu" / "check_gpu.py"
