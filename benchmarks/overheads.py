@@ -6,8 +6,9 @@
 The overhead is the peak RSS (VmHWM) of a fresh interpreter that imported numpy, edgedyn.runtime and the
 executor's backend runtime, with torch blocked as on a board (edgedyn.fit.measure_overhead_bytes; Linux only).
 Each round measures every executor once in its own process; the table shows the median, the recorded constant
-and the drift. A drift beyond 30% means the constant in edgedyn/fit.py should be measured again: the script then
-exits 1. JSON (with the CPU model and versions) goes to benchmarks/results/DATE-overheads-CPU.json.
+and the drift. A drift beyond 30% means the backend's `overhead_bytes` in edgedyn/registry.py should be
+measured again: the script then exits 1. JSON (with the CPU model and versions) goes to
+benchmarks/results/DATE-overheads-CPU.json.
 """
 import argparse
 import datetime

@@ -63,25 +63,25 @@ class FakeClock:
 CLOCK = FakeClock()
 
 
-def _clocked(program: Any, name: str, milliseconds: float) -> Artifact:
+def _clocked(build: Build, name: str, milliseconds: float) -> Artifact:
     """A correct artifact (torch's own outputs on the example inputs) that costs `milliseconds` on CLOCK."""
-    outputs = program.module()(*program.example_inputs[0])
+    outputs = build.program.module()(*build.program.example_inputs[0])
     outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
     return Artifact(backend=name, executor="clocked", device="cpu", arch=None, target="none",
                     files={"note": b"clocked"}, file_names={"note": "note.txt"},
                     meta={"outputs": [v.detach().numpy().tolist() for v in outputs], "ms": milliseconds})
 
 
-def a_slow(program: Any, board: Any, target: Any, tensor_inputs: List[str]) -> Artifact:
-    return _clocked(program, "a_slow", 4.0)
+def a_slow(build: Build) -> Artifact:
+    return _clocked(build, "a_slow", 4.0)
 
 
-def b_fast(program: Any, board: Any, target: Any, tensor_inputs: List[str]) -> Artifact:
-    return _clocked(program, "b_fast", 0.5)
+def b_fast(build: Build) -> Artifact:
+    return _clocked(build, "b_fast", 0.5)
 
 
-def c_too_slow(program: Any, board: Any, target: Any, tensor_inputs: List[str]) -> Artifact:
-    return _clocked(program, "c_too_slow", 64.0)
+def c_too_slow(build: Build) -> Artifact:
+    return _clocked(build, "c_too_slow", 64.0)
 
 
 class ClockedExecutor:
@@ -180,11 +180,11 @@ def test_auto_never_picks_an_artifact_that_failed(monkeypatch, loop_spec):
 
 def test_auto_keeps_the_fastest_by_the_clock_and_stops_timing_by_its_rules(monkeypatch, loop_spec):
     spec, program = loop_spec
+    board = load_board("x86-64")  # before the registry changes; it prefers none of the stand-ins
     for other in list(BACKENDS):
         monkeypatch.delitem(BACKENDS, other)
-    _register(monkeypatch, "a_slow", "b_fast", "c_too_slow")
+    _register(monkeypatch, "a_slow", "b_fast", "c_too_slow")  # candidates come by name: the slow one first
     monkeypatch.setattr(CLOCK, "calls", {})
-    board = load_board("x86-64")  # prefers none of them: candidates come by name, the slow one first
     timing = Timing(warmup=3, min_runs=5, max_runs=50, seconds=0.032, clock=CLOCK)
     artifact = choose("auto", program, board, board.target("cpu"), spec, timing=timing)
     selection = artifact.meta["selection"]
