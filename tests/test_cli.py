@@ -95,7 +95,8 @@ def test_foreign_bundle_is_refused_by_verify(run_cli, export_example):
     board, arch = foreign_board()  # on x86: raspberry-pi-4, aarch64
     result = run_cli("verify", str(export_example("tiny_cnn", board=board)))
     assert result.returncode == 2
-    assert "was built for {} (board {}), but this machine is {}".format(arch, board, rt.format.host_arch()) in result.stderr
+    refusal = "was built for {} (board {}), but this machine is {}".format(arch, board, rt.format.host_arch())
+    assert refusal in result.stderr
 
 
 def test_usage_error_exits_2(run_cli):
