@@ -11,7 +11,7 @@ import edgedyn
 from edgedyn.backends import Artifact
 from edgedyn.boards import Board, Target, load_board
 from edgedyn.bundle import BundleWriter
-from edgedyn.errors import BackendError, EdgedynError, MissingDependencyError
+from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Captured, Specialization, capture
 from edgedyn.passes import PIPELINES, run_pipeline
 from edgedyn.passes.graph import op_count
@@ -110,19 +110,12 @@ def _gpu_target(board: Board, backend: str, device: str, precision: str) -> Opti
 
 def _gpu_artifact(program: Any, board: Board, target: Target, spec: Specialization, precision: str, device: str,
                   step: Progress) -> Optional[Artifact]:
-    """TVM CUDA code for the board's GPU; under --device auto a missing GPU toolchain only drops the GPU artifact."""
-    from edgedyn.backends.tvm import lower_cuda
+    """TVM CUDA code for the board's GPU; under --device auto a GPU build that cannot be done only drops it."""
+    from edgedyn.backends.tvm import gpu_or_cpu_only, lower_cuda
 
     step("building {} with tvm for {} ({})".format(spec.name, target.name, precision))
     reference = pack_arrays(_reference_arrays(spec))
-    try:
-        artifact = lower_cuda(program, target, spec.tensor_inputs, precision, reference)
-    except MissingDependencyError as error:
-        if device == "gpu":
-            raise
-        step("no GPU artifact: {} ({})".format(error.message, error.hint))
-        return None
-    return artifact
+    return gpu_or_cpu_only(lambda: lower_cuda(program, target, spec.tensor_inputs, precision, reference), device)
 
 
 def _reference_arrays(spec: Specialization) -> Dict[str, np.ndarray]:

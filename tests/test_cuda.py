@@ -5,7 +5,9 @@ import subprocess
 import pytest
 import torch
 
-from edgedyn.backends.tvm import check_device_code, lower
+import warnings
+
+from edgedyn.backends.tvm import GpuBuildError, GpuFallbackWarning, check_device_code, gpu_or_cpu_only, lower
 from edgedyn.boards import load_board
 from edgedyn.errors import BackendError
 from edgedyn.frontend import capture
@@ -30,6 +32,35 @@ def small_cnn():
 def gpu_artifacts(small_cnn):
     program, inputs = small_cnn
     return {board: lower(program, load_board(board), load_board(board).target("gpu"), inputs) for board in JETSONS}
+
+
+def test_a_function_dlights_matmul_rule_asserts_on_gets_the_next_rule_that_works():
+    # transformers' MobileNetV2 pads after each ReLU6 (TF "same" padding); the convolution fused with that pad
+    # makes dlight's Matmul rule assert ("consumers of the cache-write stage that are not properly inlined"),
+    # which ended the whole build under TVM's ApplyDefaultSchedule. This is the smallest graph that shows it.
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), torch.nn.ReLU6(), torch.nn.ZeroPad2d((0, 1, 0, 1)),
+                                torch.nn.Conv2d(8, 8, 3, stride=2, groups=8)).eval()
+    (spec,) = capture(model, (torch.randn(1, 3, 8, 8),)).specializations
+    board = load_board("jetson-orin-nano")
+    artifact = lower(run_pipeline(spec.program), board, board.target("gpu"), spec.tensor_inputs)
+    schedules = artifact.meta["gpu"]["schedules"]
+    (padded,) = [name for name in schedules["rule_failures"] if name.endswith("_pad")]
+    assert "not properly inlined" in schedules["rule_failures"][padded]["Matmul"]
+    assert schedules["rules"][padded] != "Matmul"
+    assert artifact.meta["gpu"]["kernels"] >= len(schedules["rules"])
+
+
+def test_under_device_auto_a_gpu_build_failure_ships_the_cpu_artifact_with_the_reason():
+    def failing_build():
+        raise GpuBuildError("the TVM CUDA build for sm_87 failed: no dlight GPU schedule works for: f (...)")
+
+    with pytest.warns(GpuFallbackWarning, match="runs on the CPU: the TVM CUDA build for sm_87 failed: no dlight"):
+        assert gpu_or_cpu_only(failing_build, "auto") is None
+    with pytest.raises(GpuBuildError, match="no dlight GPU schedule"):
+        gpu_or_cpu_only(failing_build, "gpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert gpu_or_cpu_only(lambda: "artifact", "auto") == "artifact"
 
 
 @pytest.mark.parametrize("board, arch", sorted(JETSONS.items()))
