@@ -3,6 +3,7 @@
 Inputs are fresh random normals (never the export's example inputs, never zeros). Tolerance: fp32 through XNNPACK,
 max abs error <= 1e-4 * max |torch output| (+1e-6), the bundle's own tolerance.
 """
+import zlib
 from typing import Callable, Sequence, Tuple
 
 import numpy as np
@@ -123,6 +124,18 @@ CASES = {
     "pad_zeros": (Fn(lambda m, x: F.pad(x, (1, 2, 0, 3))), [(2, 3, 4)]),
     "pad_value": (Fn(lambda m, x: F.pad(x, (2, 0), value=1.5)), [(3, 4)]),
     "pad_nhwc": (Fn(lambda m, x: F.pad(m[0](x), (1, 1, 2, 0))), [IMG], conv()),
+    # comparisons, boolean masks and where (attention masks computed from the input)
+    "compare_where": (Fn(lambda m, x, y: torch.where(x > 0.3, x, y * 2) + torch.where(x <= y, 1.5, x)),
+                      [(4, 6), (4, 6)]),
+    "logical_and_or_not": (Fn(lambda m, x, y: torch.where(((x > 0) & (y < 0.5)) | ~(x > -1), x, y)),
+                           [(4, 6), (4, 6)]),
+    "eq_ne_tensor": (Fn(lambda m, x: torch.where(x.eq(x.amax(-1, keepdim=True)), 2.0, x)
+                        + torch.where(x.ne(x.amax(0)), x, -3.0)), [(5, 6)]),
+    "any_row_safe_softmax": (Fn(lambda m, x: torch.where(torch.any(x > 1.2, -1, keepdim=True).logical_not(),
+                                                         torch.full_like(x, 0.5), torch.softmax(x, -1))), [(8, 5)]),
+    "where_on_nhwc": (Fn(lambda m, x: torch.where(m[0](x) > 0, m[0](x), 0.1 * m[0](x))), [IMG], conv()),
+    "full_like_at_run_time": (Fn(lambda m, x: x * torch.full_like(x, 0.25) + torch.full_like(x, 1.5)),
+                              [(1, 4, 64, 80)]),  # past the folding size limit: BROADCAST_TO at run time
     # normalization
     "layer_norm": (seq(nn.LayerNorm(16)), [(2, 5, 16)]),
     "layer_norm_2d": (seq(nn.LayerNorm((5, 16))), [(2, 5, 16)]),
@@ -152,6 +165,36 @@ def _case(name: str) -> Tuple[nn.Module, Sequence[Tuple[int, ...]]]:
     cls = Fn2 if len(shapes) == 2 else Fn
     model = cls(model.fn, *(list(model.layers) + list(entry[2:])))
     return _randomize(model), shapes
+
+
+def _lookup_model() -> nn.Module:
+    torch.manual_seed(3)
+    table = nn.Embedding(50, 8)
+    position = nn.Embedding(7, 8)
+    return Fn(lambda m, ids: m[0](ids) + m[1].weight * 0.5, table, position).eval()
+
+
+def test_embedding_takes_int64_token_ids(tmp_path) -> None:
+    model = _lookup_model()
+    example = torch.randint(0, 50, (2, 7))
+    bundle = edgedyn.export(model, (example,), backend="tflite", output=tmp_path / "ids.edgedyn", verify=False)
+    program = rt.load(bundle, threads=1)
+    for seed in (zlib.crc32(b"embedding"), 11):
+        ids = np.random.default_rng(seed).integers(0, 50, (2, 7)).astype(np.int64)
+        with torch.no_grad():
+            expected = model(torch.from_numpy(ids)).numpy()
+        np.testing.assert_allclose(program(ids), expected, rtol=RTOL, atol=RTOL * float(np.abs(expected).max()))
+
+
+def test_embedding_refuses_an_id_past_the_table(tmp_path) -> None:
+    model = _lookup_model()
+    bundle = edgedyn.export(model, (torch.randint(0, 50, (2, 7)),), backend="tflite",
+                            output=tmp_path / "ids.edgedyn", verify=False)
+    program = rt.load(bundle, threads=1)
+    ids = np.random.default_rng(5).integers(0, 50, (2, 7)).astype(np.int64)
+    ids[1, 3] = 50 + (1 << 32)  # narrowed to int32 this would wrap to 50; past the table either way
+    with pytest.raises(Exception, match="(?i)gather|index|bound"):
+        program(ids)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

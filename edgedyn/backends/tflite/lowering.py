@@ -220,11 +220,23 @@ def _check_supported(graph: fx.Graph, parameters: Dict[str, Any], converters: Di
         raise unsupported_error(missing[0], "no TFLite converter for this op", others, alternatives)
 
 
+# What tensors computed at run time may hold: float32 data and bool masks (comparisons, where, any).
+_RUNTIME_DTYPES = (torch.float32, torch.bool)
+# Integer tensors only as ids into a table (token ids into an embedding): integer arithmetic is not written.
+_INDEX_DTYPES = (torch.int64, torch.int32)
+_INDEX_CONSUMERS = (torch.ops.aten.embedding.default,)
+
+
 def _check_dtype(node: fx.Node, alternatives: List[str]) -> None:
     val = node.meta.get("val")
-    if isinstance(val, torch.Tensor) and val.dtype != torch.float32:
-        raise unsupported_error(node, "it has {} tensors at run time; the TFLite writer handles float32 "
-                                      "graphs".format(str(val.dtype).replace("torch.", "")), [], alternatives)
+    if not isinstance(val, torch.Tensor) or val.dtype in _RUNTIME_DTYPES:
+        return
+    if val.dtype in _INDEX_DTYPES and node.users and all(
+            user.target in _INDEX_CONSUMERS and user.args[1] is node for user in node.users):
+        return
+    raise unsupported_error(node, "it has {} tensors at run time; the TFLite writer handles float32 data, bool "
+                                  "masks and integer ids into an embedding".format(
+                                      str(val.dtype).replace("torch.", "")), [], alternatives)
 
 
 def _foldable(node: fx.Node) -> bool:

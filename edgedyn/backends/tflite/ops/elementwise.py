@@ -23,15 +23,23 @@ def operand_layout(operands: Sequence[Any], rank: int) -> layout.Perm:
 
 def binary(ctx: Lowering, op: str, a: Any, b: Any, shape: Sequence[int], options: Optional[str] = None) -> Value:
     """`a op b` broadcast to torch shape `shape`; python numbers become scalar constants."""
+    return elementwise(ctx, op, (a, b), shape, options)
+
+
+def elementwise(ctx: Lowering, op: str, operands: Sequence[Any], shape: Sequence[int], options: Optional[str] = None,
+                dtype: Any = np.float32) -> Value:
+    """`op` over broadcast operands (two, or three for SELECT_V2) giving torch shape `shape` of `dtype`; python
+    numbers become scalar constants of the dtype of the tensor operands."""
     rank = len(shape)
-    perm = operand_layout((a, b), rank)
-    tensors = [_operand(ctx, v, rank, perm) for v in (a, b)]
-    return ctx.emit(op, tensors, shape, perm, options)
+    perm = operand_layout(operands, rank)
+    number_dtype = next((v.dtype for v in operands if isinstance(v, Value) and v.dtype != np.bool_), np.float32)
+    tensors = [_operand(ctx, v, rank, perm, number_dtype) for v in operands]
+    return ctx.emit(op, tensors, shape, perm, options, dtype)
 
 
-def _operand(ctx: Lowering, value: Any, rank: int, perm: layout.Perm) -> int:
+def _operand(ctx: Lowering, value: Any, rank: int, perm: layout.Perm, number_dtype: Any) -> int:
     if not isinstance(value, Value):
-        return ctx.scalar(value)
+        return ctx.scalar(value, np.bool_ if isinstance(value, bool) else number_dtype)
     if value.rank == 0:
         return ctx.tensor(value)
     if perm == layout.identity(rank):

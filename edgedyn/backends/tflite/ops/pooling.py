@@ -82,7 +82,7 @@ def reduce(ctx: Lowering, op: str, x: Value, dims: Optional[Sequence[int]], keep
     else:
         shape = [n for i, n in enumerate(x.shape) if i not in dims]
         perm = layout.drop_dims(x.perm, dims)
-    return ctx.emit(op, [ctx.tensor(x), ctx.ints(axes)], shape, perm, "ReducerOptions", keep_dims=keepdim)
+    return ctx.emit(op, [ctx.tensor(x), ctx.ints(axes)], shape, perm, "ReducerOptions", x.dtype, keep_dims=keepdim)
 
 
 def _reducer(op: str) -> Any:
