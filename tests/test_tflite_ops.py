@@ -60,6 +60,10 @@ CASES = {
     "depthwise": (seq(conv(4, 4, groups=4, padding=1)), [IMG]),
     "depthwise_stride2": (seq(conv(4, 4, groups=4, stride=2, padding=1)), [IMG]),
     "depthwise_multiplier2": (seq(conv(4, 8, groups=4, padding=1)), [IMG]),
+    "grouped_conv": (seq(conv(4, 6, groups=2, padding=1)), [IMG]),
+    "conv1d": (seq(nn.Conv1d(4, 6, 3, padding=1)), [(2, 4, 13)]),
+    "conv1d_stride_dilation": (seq(nn.Conv1d(4, 6, 5, stride=2, dilation=2, padding=3)), [(1, 4, 21)]),
+    "conv1d_grouped": (seq(nn.Conv1d(8, 8, 4, groups=4, padding=2)), [(1, 8, 11)]),
     # fully connected and matrix products
     "linear": (seq(nn.Linear(16, 7)), [(3, 16)]),
     "linear_3d": (seq(nn.Linear(16, 7)), [(2, 3, 16)]),
@@ -136,9 +140,17 @@ CASES = {
     "where_on_nhwc": (Fn(lambda m, x: torch.where(m[0](x) > 0, m[0](x), 0.1 * m[0](x))), [IMG], conv()),
     "full_like_at_run_time": (Fn(lambda m, x: x * torch.full_like(x, 0.25) + torch.full_like(x, 1.5)),
                               [(1, 4, 64, 80)]),  # past the folding size limit: BROADCAST_TO at run time
+    # resizing (interpolate)
+    "bilinear_x2": (Fn(lambda m, x: F.interpolate(x, scale_factor=2, mode="bilinear")), [(1, 3, 5, 7)]),
+    "bilinear_to_size_align_corners": (Fn(lambda m, x: F.interpolate(x, size=(9, 4), mode="bilinear",
+                                                                      align_corners=True)), [(1, 3, 5, 7)]),
+    "bilinear_of_nhwc_down": (Fn(lambda m, x: F.interpolate(m[0](x), size=(4, 5), mode="bilinear")), [IMG], conv()),
+    "nearest_x2": (Fn(lambda m, x: F.interpolate(x, scale_factor=2, mode="nearest")), [(1, 3, 5, 7)]),
     # normalization
     "layer_norm": (seq(nn.LayerNorm(16)), [(2, 5, 16)]),
     "layer_norm_2d": (seq(nn.LayerNorm((5, 16))), [(2, 5, 16)]),
+    "group_norm": (seq(nn.GroupNorm(2, 4)), [IMG]),
+    "group_norm_1d_one_group": (seq(nn.GroupNorm(1, 4)), [(2, 4, 13)]),
     "batch_norm_unfolded": (seq(nn.BatchNorm1d(6)), [(4, 6)]),
     "batch_norm_2d_on_input": (seq(nn.BatchNorm2d(4)), [IMG]),
 }
@@ -153,7 +165,7 @@ def _randomize(model: nn.Module) -> nn.Module:
             module.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
             module.weight.data.copy_(torch.randn(n, generator=generator))
             module.bias.data.copy_(torch.randn(n, generator=generator))
-        if isinstance(module, nn.LayerNorm):
+        if isinstance(module, (nn.LayerNorm, nn.GroupNorm)):
             module.weight.data.copy_(torch.randn(module.weight.shape, generator=generator))
             module.bias.data.copy_(torch.randn(module.bias.shape, generator=generator))
     return model.eval()

@@ -225,18 +225,28 @@ _RUNTIME_DTYPES = (torch.float32, torch.bool)
 # Integer tensors only as ids into a table (token ids into an embedding): integer arithmetic is not written.
 _INDEX_DTYPES = (torch.int64, torch.int32)
 _INDEX_CONSUMERS = (torch.ops.aten.embedding.default,)
+# ...reached directly or through reshapes of the ids (GPT-2 flattens them first)
+_ID_RESHAPES = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default,
+                torch.ops.aten.unsqueeze.default, torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims,
+                torch.ops.aten.flatten.using_ints)
 
 
 def _check_dtype(node: fx.Node, alternatives: List[str]) -> None:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dtype in _RUNTIME_DTYPES:
         return
-    if val.dtype in _INDEX_DTYPES and node.users and all(
-            user.target in _INDEX_CONSUMERS and user.args[1] is node for user in node.users):
+    if val.dtype in _INDEX_DTYPES and _ids_only(node):
         return
     raise unsupported_error(node, "it has {} tensors at run time; the TFLite writer handles float32 data, bool "
                                   "masks and integer ids into an embedding".format(
                                       str(val.dtype).replace("torch.", "")), [], alternatives)
+
+
+def _ids_only(node: fx.Node) -> bool:
+    """Whether every use of this integer tensor ends as the ids of an embedding lookup."""
+    return bool(node.users) and all(
+        (user.target in _INDEX_CONSUMERS and user.args[1] is node) or (user.target in _ID_RESHAPES and _ids_only(user))
+        for user in node.users)
 
 
 def _foldable(node: fx.Node) -> bool:
@@ -270,7 +280,7 @@ def _fold(node: fx.Node, args: Any, kwargs: Any) -> Any:
     result = node.target(*fx.node.map_aggregate(args, to_torch), **fx.node.map_aggregate(kwargs, to_torch))
     if isinstance(result, (tuple, list)):
         return tuple(constant(r.numpy()) if isinstance(r, torch.Tensor) else r for r in result)
-    return constant(result.numpy())
+    return constant(result.numpy()) if isinstance(result, torch.Tensor) else result  # checks return None
 
 
 def _output(ctx: Lowering, value: Value, inputs: List[int]) -> int:

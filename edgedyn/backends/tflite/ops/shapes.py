@@ -101,6 +101,25 @@ def expand(ctx: Lowering, node: Any, x: Value, sizes: Sequence[int], implicit: b
     return ctx.emit("BROADCAST_TO", [ctx.tensor(source, layout.identity(len(shape))), ctx.ints(shape)], shape)
 
 
+def as_strided(ctx: Lowering, node: Any, x: Value, size: Sequence[int], stride: Sequence[int],
+               storage_offset: Optional[int] = None) -> Value:
+    """Only the no-op case torch.export leaves behind (Swin: the same shape, strides that differ only at size-1
+    dims): any real striding reads memory TFLite tensors do not expose."""
+    if list(size) != list(x.shape) or storage_offset or not _contiguous(size, stride):
+        raise Unsupported("as_strided to size {} strides {} (only the same shape, contiguous)".format(
+            list(size), list(stride)))
+    return x
+
+
+def _contiguous(size: Sequence[int], stride: Sequence[int]) -> bool:
+    expected = 1
+    for n, s in reversed(list(zip(size, stride))):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
 def cat(ctx: Lowering, node: Any, tensors: Sequence[Value], dim: int = 0) -> Value:
     shape = _shape(node)
     dim = dim % len(shape)
@@ -121,5 +140,6 @@ CONVERTERS = {
     aten.split_with_sizes.default: split, aten.split.Tensor: split,
     aten.expand.default: expand,
     aten.cat.default: cat,
+    aten.as_strided.default: as_strided,
     aten._assert_tensor_metadata.default: no_op,
 }
