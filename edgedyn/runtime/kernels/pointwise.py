@@ -4,7 +4,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported, _view
+from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported, _view, check, number
 
 
 # --- elementwise ---
@@ -298,6 +298,48 @@ def _layer_norm(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratc
     return run
 
 
+def _group_norm_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
+    x, groups = args[0], args[6]
+    if not (x.flags.c_contiguous and outs[0].flags.c_contiguous):
+        raise Unsupported("group norm of a non-contiguous tensor")
+    grouped = (x.shape[0], int(groups), x.size // max(x.shape[0] * int(groups), 1))
+    return [grouped[:2] + (1,), grouped[:2] + (1,), grouped]
+
+
+def _group_norm(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    """native_group_norm(x, weight, bias, N, C, HxW, groups, eps): statistics per (sample, group of channels)."""
+    x, weight, bias = args[0], args[1], args[2]
+    check(len(args) == 8 and isinstance(args[6], int) and args[6] > 0 and x.ndim >= 2 and x.shape[1] % args[6] == 0,
+          "native_group_norm", "groups must divide the channels")
+    eps = float(number(args[7], "native_group_norm", "eps"))
+    out, mean_out, rstd_out = outs[0], outs[1] if len(outs) > 1 else None, outs[2] if len(outs) > 2 else None
+    mean_shape, _, grouped = _group_norm_scratch(outs, args, kwargs)
+    mean, rstd, square = (s.reshape(shape) for s, shape in zip(scratch, (mean_shape, mean_shape, grouped)))
+    x3, out3 = _view(x, grouped), _view(out, grouped)
+    per_channel = (x.shape[1],) + (1,) * (x.ndim - 2)
+    weight = _view(weight, per_channel) if weight is not None else None
+    bias = _view(bias, per_channel) if bias is not None else None
+
+    def run() -> None:
+        np.mean(x3, axis=2, keepdims=True, out=mean)
+        np.subtract(x3, mean, out=out3)
+        np.multiply(out3, out3, out=square)
+        np.mean(square, axis=2, keepdims=True, out=rstd)
+        np.add(rstd, eps, out=rstd)
+        np.sqrt(rstd, out=rstd)
+        np.reciprocal(rstd, out=rstd)
+        np.multiply(out3, rstd, out=out3)
+        if weight is not None:
+            np.multiply(out, weight, out=out)
+        if bias is not None:
+            np.add(out, bias, out=out)
+        if mean_out is not None:
+            np.copyto(mean_out, mean.reshape(mean_out.shape))
+        if rstd_out is not None:
+            np.copyto(rstd_out, rstd.reshape(rstd_out.shape))
+    return run
+
+
 # --- copies ---
 
 def _copy(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
@@ -374,6 +416,7 @@ KERNELS = {
     "aten._softmax.default": _softmax(log=False),
     "aten._log_softmax.default": _softmax(log=True),
     "aten.native_layer_norm.default": _layer_norm,
+    "aten.native_group_norm.default": _group_norm,
     "aten.clone.default": _copy,
     "aten._to_copy.default": _copy,
     "aten.copy.default": _copy,
@@ -391,4 +434,5 @@ SCRATCH = {
     "aten._softmax.default": _softmax_scratch,
     "aten._log_softmax.default": _softmax_scratch,
     "aten.native_layer_norm.default": _layer_norm_scratch,
+    "aten.native_group_norm.default": _group_norm_scratch,
 }  # type: Dict[str, Callable[[List[Any], List[Any], Dict[str, Any]], Shapes]]
