@@ -166,6 +166,9 @@ ZOO_OPS = {
                                                                   align_corners=True), [(1, 3, 5, 7)]),
     "bilinear_down": (lambda m, x: F.interpolate(x, size=(3, 4), mode="bilinear"), [(1, 3, 7, 9)]),
     "nearest_x2": (lambda m, x: F.interpolate(x, scale_factor=2, mode="nearest"), [(1, 3, 5, 7)]),
+    # sizes rounded down: torch samples with 1/scale_factor, not in/out
+    "bilinear_rounded_scale": (lambda m, x: F.interpolate(x, scale_factor=2.5, mode="bilinear"), [(1, 3, 5, 6)]),
+    "nearest_rounded_scale": (lambda m, x: F.interpolate(x, scale_factor=1.7, mode="nearest"), [(1, 3, 5, 6)]),
 }
 
 

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 import edgedyn
 import edgedyn.runtime as rt
+from edgedyn.errors import BackendError
 
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("tflite")
@@ -177,6 +178,14 @@ def _case(name: str) -> Tuple[nn.Module, Sequence[Tuple[int, ...]]]:
     cls = Fn2 if len(shapes) == 2 else Fn
     model = cls(model.fn, *(list(model.layers) + list(entry[2:])))
     return _randomize(model), shapes
+
+
+def test_a_rounded_scale_factor_is_refused_with_the_fix(tmp_path) -> None:
+    model = Fn(lambda m, x: F.interpolate(x, scale_factor=2.5, mode="bilinear")).eval()
+    with pytest.raises(BackendError, match="scale_factor=2.5 from 5 to 12 pixels") as raised:
+        edgedyn.export(model, (torch.randn(1, 3, 5, 6),), backend="tflite", output=tmp_path / "r.edgedyn",
+                       verify=False)
+    assert "pass size= instead" in str(raised.value)
 
 
 def _lookup_model() -> nn.Module:
