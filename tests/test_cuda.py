@@ -63,6 +63,27 @@ def test_under_device_auto_a_gpu_build_failure_ships_the_cpu_artifact_with_the_r
         assert gpu_or_cpu_only(lambda: "artifact", "auto") == "artifact"
 
 
+def test_an_export_whose_gpu_build_fails_ships_the_cpu_artifact_and_says_why(monkeypatch, tmp_path):
+    import edgedyn
+    import edgedyn.runtime as rt
+    from edgedyn.backends import tvm as tvm_backend
+
+    def no_schedule(*args, **kwargs):
+        raise GpuBuildError("the TVM CUDA build for sm_87 failed: no dlight GPU schedule works for: fused_f "
+                            "(Fallback: AssertionError: ...)", hint="export with --device cpu for a CPU-only bundle")
+
+    monkeypatch.setattr(tvm_backend, "lower_cuda", no_schedule)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    with pytest.warns(GpuFallbackWarning, match="runs on the CPU: .*no dlight GPU schedule works for: fused_f"):
+        path = edgedyn.export(model, (torch.randn(2, 8),), board="jetson-orin-nano", backend="tvm",
+                              output=tmp_path / "cpu-only.edgedyn", verify=False)
+    (spec,) = rt.read_manifest(path)["specializations"]
+    assert [a["device"] for a in spec["artifacts"]] == ["cpu"]
+    with pytest.raises(GpuBuildError, match="no dlight GPU schedule"):
+        edgedyn.export(model, (torch.randn(2, 8),), board="jetson-orin-nano", backend="tvm", device="gpu",
+                       output=tmp_path / "gpu.edgedyn", verify=False)
+
+
 @pytest.mark.parametrize("board, arch", sorted(JETSONS.items()))
 def test_gpu_artifact_holds_ptx_for_the_boards_arch(gpu_artifacts, board, arch):
     artifact = gpu_artifacts[board]
