@@ -195,7 +195,6 @@ def _max_pool(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch:
 
 def _avg_pool_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
     ceil_mode = args[4] if len(args) > 4 else kwargs.get("ceil_mode", False)
-    include_pad = args[5] if len(args) > 5 else kwargs.get("count_include_pad", True)
     divisor = args[6] if len(args) > 6 else kwargs.get("divisor_override")
     kernel, stride, padding, _ = _pool_geometry(args[:4], kwargs)
     if ceil_mode or divisor is not None:
