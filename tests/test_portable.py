@@ -161,6 +161,7 @@ ZOO_OPS = {
     "group_norm": (lambda m, x: m[0](x), [(2, 4, 5, 6)], nn.GroupNorm(2, 4)),
     "group_norm_1d": (lambda m, x: m[0](x), [(2, 4, 13)], nn.GroupNorm(1, 4)),
     "avgpool_exclude_pad": (lambda m, x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False), [(1, 3, 6, 7)]),
+    "avgpool_window_past_image_ceil": (lambda m, x: F.avg_pool2d(x, 16, ceil_mode=True), [(1, 3, 6, 7)]),
     "bilinear_x2": (lambda m, x: F.interpolate(x, scale_factor=2, mode="bilinear"), [(1, 3, 5, 7)]),
     "bilinear_to_size_align_corners": (lambda m, x: F.interpolate(x, size=(9, 4), mode="bilinear",
                                                                   align_corners=True), [(1, 3, 5, 7)]),

@@ -104,6 +104,7 @@ CASES = {
     "avgpool2": (seq(nn.AvgPool2d(2)), [(1, 3, 8, 10)]),
     "avgpool3_pad1_count_pad": (seq(nn.AvgPool2d(3, 1, 1)), [IMG]),
     "avgpool3_pad1_exclude_pad": (seq(nn.AvgPool2d(3, 1, 1, count_include_pad=False)), [IMG]),
+    "avgpool_window_past_image_ceil": (seq(nn.AvgPool2d(16, ceil_mode=True)), [IMG]),  # EfficientNet's head
     "adaptive_avgpool_1": (seq(conv(), nn.AdaptiveAvgPool2d(1)), [IMG]),
     "adaptive_avgpool_2": (seq(nn.AdaptiveAvgPool2d((2, 3))), [(1, 3, 8, 9)]),
     "mean_channels_of_nhwc": (Fn(lambda m, x: m[0](x).mean(1)), [IMG], conv()),

@@ -49,3 +49,11 @@ def number(value: Any, step: str, what: str) -> float:
 def array(value: Any, step: str, what: str) -> np.ndarray:
     check(isinstance(value, np.ndarray), step, "{} is not a tensor".format(what))
     return value
+
+
+def is_global_average(size: Sequence[int], out_size: Sequence[int], kernel: Sequence[int],
+                      padding: Sequence[int]) -> bool:
+    """Whether an average pool is the mean of each whole image: one output pixel, no padding, a window at least
+    the image. torch then divides by the pixels inside (EfficientNet pools with a kernel past the image and
+    ceil_mode=True, which clips the window to the image)."""
+    return tuple(out_size) == (1, 1) and tuple(padding) == (0, 0) and all(k >= n for k, n in zip(kernel, size))

@@ -4,7 +4,7 @@ from typing import Any, Callable, Dict, List, Tuple  # noqa: F401 (type comments
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported, _pair, _view
+from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported, _pair, _view, is_global_average
 
 
 # --- convolution and pooling, NCHW ---
@@ -197,14 +197,25 @@ def _avg_pool_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) 
     ceil_mode = args[4] if len(args) > 4 else kwargs.get("ceil_mode", False)
     divisor = args[6] if len(args) > 6 else kwargs.get("divisor_override")
     kernel, stride, padding, _ = _pool_geometry(args[:4], kwargs)
+    if _global(outs, args, kwargs):
+        return []
     if ceil_mode or divisor is not None:
         raise Unsupported("avg_pool2d with ceil_mode or divisor_override")
     padded = _padded_shape(args[0], outs[0], kernel, stride, padding, (1, 1))
     return [padded] if _needs_padding(args[0], padded) else []
 
 
+def _global(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> bool:
+    kernel, _, padding, _ = _pool_geometry(args[:4], kwargs)
+    divisor = args[6] if len(args) > 6 else kwargs.get("divisor_override")
+    return divisor is None and args[0].ndim == 4 and is_global_average(
+        args[0].shape[2:], outs[0].shape[2:], kernel, padding)
+
+
 def _avg_pool(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
     x, out = args[0], outs[0]
+    if _global(outs, args, kwargs):
+        return lambda: np.mean(x, axis=(2, 3), keepdims=True, out=out)
     kernel, stride, padding, _ = _pool_geometry(args[:4], kwargs)
     padded = scratch[0].reshape(_padded_shape(x, out, kernel, stride, padding, (1, 1))) if scratch else x
     fill = _padding_of(x, padded, padding, 0.0)
