@@ -109,6 +109,8 @@ CASES = {
     "adaptive_avgpool_2": (seq(nn.AdaptiveAvgPool2d((2, 3))), [(1, 3, 8, 9)]),
     "mean_channels_of_nhwc": (Fn(lambda m, x: m[0](x).mean(1)), [IMG], conv()),
     "mean_hw_no_keepdim": (Fn(lambda m, x: m[0](x).mean((2, 3))), [IMG], conv()),
+    "cumsum": (Fn(lambda m, x: torch.cumsum(x, 1)), [(3, 7)]),
+    "cumsum_channels_of_nhwc": (Fn(lambda m, x: torch.cumsum(m[0](x), 1)), [IMG], conv()),
     "sum_and_amax": (Fn(lambda m, x: x.sum(-1) + x.amax(0)), [(4, 4)]),
     # shapes and layout
     "flatten_nhwc": (Fn(lambda m, x: torch.flatten(m[0](x), 1)), [IMG], conv()),
@@ -217,6 +219,48 @@ def test_embedding_refuses_an_id_past_the_table(tmp_path) -> None:
     ids[1, 3] = 50 + (1 << 32)  # narrowed to int32 this would wrap to 50; past the table either way
     with pytest.raises(Exception, match="(?i)gather|index|bound"):
         program(ids)
+
+
+class _Positions(nn.Module):
+    """RoBERTa's lookups: position ids computed from the token ids (ne, cast, cumsum, mul, add) and a gather."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(4)
+        self.tokens, self.positions, self.types = nn.Embedding(50, 8), nn.Embedding(20, 8), nn.Embedding(2, 8)
+        self.register_buffer("type_ids", torch.randint(0, 2, (1, 9)))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids.ne(1).int()
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) + 0) * mask + 1
+        types = torch.gather(self.type_ids, 1, positions.long() - 1)
+        return self.tokens(ids) + self.positions(positions) + self.types(types)
+
+
+def _token_ids(seed: int) -> np.ndarray:
+    ids = np.random.default_rng(seed).integers(0, 50, (1, 9)).astype(np.int64)
+    ids[:, -3:] = 1  # padding: its position ids differ from an arange
+    return ids
+
+
+def test_position_ids_computed_from_token_ids(tmp_path) -> None:
+    model = _Positions().eval()
+    bundle = edgedyn.export(model, (torch.from_numpy(_token_ids(0)),), backend="tflite",
+                            output=tmp_path / "pos.edgedyn", verify=False)
+    program = rt.load(bundle, threads=1)
+    for seed in (zlib.crc32(b"positions"), 2):
+        ids = _token_ids(seed)
+        with torch.no_grad():
+            expected = model(torch.from_numpy(ids)).numpy()
+        np.testing.assert_allclose(program(ids), expected, rtol=RTOL, atol=RTOL * float(np.abs(expected).max()))
+
+
+def test_integer_arithmetic_tflite_does_not_run_is_refused_in_words(tmp_path) -> None:
+    model = Fn(lambda m, ids: m[0](ids.sum(-1, keepdim=True)), nn.Embedding(500, 4)).eval()
+    with pytest.raises(BackendError, match="it has int64 tensors at run time; the TFLite writer handles float32 "
+                                           "data, bool masks and integer ids"):
+        edgedyn.export(model, (torch.randint(0, 50, (2, 7)),), backend="tflite", output=tmp_path / "s.edgedyn",
+                       verify=False)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

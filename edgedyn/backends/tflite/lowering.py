@@ -220,33 +220,38 @@ def _check_supported(graph: fx.Graph, parameters: Dict[str, Any], converters: Di
         raise unsupported_error(missing[0], "no TFLite converter for this op", others, alternatives)
 
 
-# What tensors computed at run time may hold: float32 data and bool masks (comparisons, where, any).
+# What tensors computed at run time may hold: float32 data and bool masks (comparisons, where, any)...
 _RUNTIME_DTYPES = (torch.float32, torch.bool)
-# Integer tensors only as ids into a table (token ids into an embedding): integer arithmetic is not written.
+# ...and integer ids, where only ops that TFLite runs on integers touch them: lookups, the position-id
+# arithmetic of RoBERTa (compare, cast, cumsum, add, mul) and reshapes. No integer matmul, division or activation.
 _INDEX_DTYPES = (torch.int64, torch.int32)
-_INDEX_CONSUMERS = (torch.ops.aten.embedding.default,)
-# ...reached directly or through reshapes of the ids (GPT-2 flattens them first)
-_ID_RESHAPES = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default,
-                torch.ops.aten.unsqueeze.default, torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims,
-                torch.ops.aten.flatten.using_ints)
+_aten = torch.ops.aten
+_INTEGER_OPS = frozenset([
+    _aten.embedding.default, _aten.gather.default, _aten.cumsum.default, _aten._to_copy.default,
+    _aten.add.Tensor, _aten.add.Scalar, _aten.sub.Tensor, _aten.mul.Tensor, _aten.mul.Scalar,
+    _aten.eq.Scalar, _aten.eq.Tensor, _aten.ne.Scalar, _aten.ne.Tensor, _aten.lt.Scalar, _aten.le.Scalar,
+    _aten.gt.Scalar, _aten.ge.Scalar, _aten.view.default, _aten.reshape.default, _aten._unsafe_view.default,
+    _aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.dims, _aten.flatten.using_ints,
+    _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.clone.default,
+])
 
 
 def _check_dtype(node: fx.Node, alternatives: List[str]) -> None:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dtype in _RUNTIME_DTYPES:
         return
-    if val.dtype in _INDEX_DTYPES and _ids_only(node):
+    if val.dtype in _INDEX_DTYPES and _integer_ok(node):
         return
     raise unsupported_error(node, "it has {} tensors at run time; the TFLite writer handles float32 data, bool "
-                                  "masks and integer ids into an embedding".format(
+                                  "masks and integer ids (lookups, compares, casts, cumsum, add, mul)".format(
                                       str(val.dtype).replace("torch.", "")), [], alternatives)
 
 
-def _ids_only(node: fx.Node) -> bool:
-    """Whether every use of this integer tensor ends as the ids of an embedding lookup."""
-    return bool(node.users) and all(
-        (user.target in _INDEX_CONSUMERS and user.args[1] is node) or (user.target in _ID_RESHAPES and _ids_only(user))
-        for user in node.users)
+def _integer_ok(node: fx.Node) -> bool:
+    """An integer tensor made by an op TFLite runs on integers (a placeholder: used only by such ops)."""
+    if node.op == "placeholder":
+        return bool(node.users) and all(user.target in _INTEGER_OPS for user in node.users)
+    return node.target in _INTEGER_OPS
 
 
 def _foldable(node: fx.Node) -> bool:

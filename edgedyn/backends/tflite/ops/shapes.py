@@ -23,7 +23,7 @@ def reshape(ctx: Lowering, node: Any, x: Value, *args: Any, **kwargs: Any) -> Va
 
 
 def same(ctx: Lowering, node: Any, x: Value, *args: Any, **kwargs: Any) -> Value:
-    """clone, alias, detach, contiguous, a float32 -> float32 copy: the value itself."""
+    """clone, alias, detach, contiguous: the value itself (_to_copy, which may cast, is in integers.py)."""
     dtype = kwargs.get("dtype")
     if dtype is not None and dtype != torch.float32:
         raise Unsupported("conversion to {}".format(dtype))
@@ -134,7 +134,7 @@ CONVERTERS = {
     aten.squeeze.dims: reshape, aten.squeeze.dim: reshape, aten.squeeze.default: reshape,
     aten.unsqueeze.default: reshape, aten.flatten.using_ints: reshape,
     aten.clone.default: same, aten.alias.default: same, aten.detach.default: same,
-    aten.contiguous.default: same, aten._to_copy.default: same, aten.lift_fresh_copy.default: same,
+    aten.contiguous.default: same, aten.lift_fresh_copy.default: same,
     aten.permute.default: permute, aten.transpose.int: transpose, aten.t.default: transpose,
     aten.slice.Tensor: slice_, aten.select.int: select,
     aten.split_with_sizes.default: split, aten.split.Tensor: split,
