@@ -50,6 +50,29 @@ def test_a_function_dlights_matmul_rule_asserts_on_gets_the_next_rule_that_works
     assert artifact.meta["gpu"]["kernels"] >= len(schedules["rules"])
 
 
+def test_a_function_no_rule_schedules_is_named_with_every_rules_failure(monkeypatch):
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from edgedyn.backends import gpu_worker
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), torch.nn.ReLU6(), torch.nn.ZeroPad2d((0, 1, 0, 1)),
+                                torch.nn.Conv2d(8, 8, 3, stride=2, groups=8)).eval()
+    (spec,) = capture(model, (torch.randn(1, 3, 8, 8),)).specializations
+    module, _ = relax.frontend.detach_params(from_exported_program(
+        run_pipeline(spec.program), keep_params_as_input=True, unwrap_unit_return_tuple=True))
+    monkeypatch.setattr(gpu_worker, "RULES", ("Matmul",))  # as if no later rule could schedule the pad function
+    schedules = {"rules": {}, "rule_failures": {}, "unscheduled": {}}
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_87"})
+    with pytest.raises(Exception, match=r"fused_conv2d_add_tir_clip_pad \(Matmul: AssertionError: There are some "
+                                        r"consumers of the cache-write stage that are not properly inlined"):
+        gpu_worker._cuda_pipeline(tvm, relax, target, schedules)(module)
+    assert list(schedules["unscheduled"]) == ["fused_conv2d_add_tir_clip_pad"]
+    reason = gpu_worker._unscheduled_reason({"f{}".format(i): {"Fallback": "ValueError: x"} for i in range(5)})
+    assert reason.endswith("f2 (Fallback: ValueError: x); and 2 more")
+
+
 def test_under_device_auto_a_gpu_build_failure_ships_the_cpu_artifact_with_the_reason():
     def failing_build():
         raise GpuBuildError("the TVM CUDA build for sm_87 failed: no dlight GPU schedule works for: f (...)")

@@ -126,9 +126,16 @@ def build(request: Dict[str, Any]) -> Dict[str, Any]:
     if request["precision"] == "fp16":
         module = relax.transform.ToMixedPrecision(out_dtype="float32")(module)
     target = tvm.target.Target(request["target"]["tvm"], host=tvm.target.Target(request["target"]["tvm_host"]))
-    schedules = {"rules": {}, "rule_failures": {}}  # type: Dict[str, Dict[str, Any]]
+    schedules = {"rules": {}, "rule_failures": {}, "unscheduled": {}}  # type: Dict[str, Dict[str, Any]]
     with target:
-        executable = tvm.compile(module, target, relax_pipeline=_cuda_pipeline(tvm, relax, target, schedules))
+        try:
+            executable = tvm.compile(module, target, relax_pipeline=_cuda_pipeline(tvm, relax, target, schedules))
+        except Exception as error:
+            # TVM's FFI re-raises what a pass raised as a plain RuntimeError: the record says whether it was ours
+            if schedules["unscheduled"]:
+                raise ScheduleFailure(_unscheduled_reason(schedules["unscheduled"])) from error
+            raise
+    del schedules["unscheduled"]
     library = out / "model.so"
     if request.get("cross_compiler"):
         from tvm.support import cc
@@ -167,8 +174,9 @@ def _cuda_pipeline(tvm: Any, relax: Any, target: Any, schedules: Dict[str, Dict[
 
 
 def _first_working_rule(tvm: Any, mod: Any, target: Any, schedules: Dict[str, Dict[str, Any]]) -> Any:
-    """Schedules every unscheduled TIR function with the first rule of RULES that succeeds, recording which."""
-    unscheduled = {}  # type: Dict[str, Dict[str, str]]
+    """Schedules every unscheduled TIR function with the first rule of RULES that succeeds, recording which;
+    a function that every applicable rule failed on stops the build (recorded in schedules["unscheduled"])."""
+    unscheduled = schedules["unscheduled"]
     for g_var, func in list(mod.functions_items()):
         if not isinstance(func, tvm.tirx.PrimFunc) or _is_scheduled(func):
             continue
@@ -183,10 +191,16 @@ def _first_working_rule(tvm: Any, mod: Any, target: Any, schedules: Dict[str, Di
         schedules["rules"][name] = rule
         mod[g_var] = scheduled.with_attr("tirx.is_scheduled", True)
     if unscheduled:
-        raise ScheduleFailure("; ".join("{} ({})".format(name, ", ".join(
-            "{}: {}".format(rule, why) for rule, why in sorted(failures.items())))
-            for name, failures in sorted(unscheduled.items())))
+        raise ScheduleFailure(_unscheduled_reason(unscheduled))
     return mod
+
+
+def _unscheduled_reason(unscheduled: Dict[str, Dict[str, str]], shown: int = 3) -> str:
+    """The first few functions no rule scheduled, each with every rule's failure; a count for the rest."""
+    names = sorted(unscheduled)
+    text = "; ".join("{} ({})".format(name, ", ".join("{}: {}".format(rule, why) for rule, why in sorted(
+        unscheduled[name].items()))) for name in names[:shown])
+    return text + ("; and {} more".format(len(names) - shown) if len(names) > shown else "")
 
 
 def _schedule_function(func: Any, target: Any) -> Tuple[str, Any, Dict[str, str]]:
