@@ -40,13 +40,14 @@ class LiteRtExecutor:
         self._threads = int(options.get("threads") or os.cpu_count() or 1)
         self._interpreter = interpreter_class(model_content=self._model, num_threads=self._threads)
         self._interpreter.allocate_tensors()
-        self._inputs = [d["index"] for d in self._interpreter.get_input_details()]
+        # each input in the model's own type: float32 data, int64 token ids (the guards checked the dtypes)
+        self._inputs = [(d["index"], d["dtype"]) for d in self._interpreter.get_input_details()]
         self._outputs = [d["index"] for d in self._interpreter.get_output_details()]
         self.artifact = artifact
 
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
-        for index, array in zip(self._inputs, inputs):
-            self._interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=np.float32))
+        for (index, dtype), array in zip(self._inputs, inputs):
+            self._interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=dtype))
         self._interpreter.invoke()
         return [self._interpreter.get_tensor(index) for index in self._outputs]
 
