@@ -208,10 +208,13 @@ DEBIAN_SUITES = {"jetson-nano": "bookworm", "jetson-orin-nano": "bookworm", "jet
 
 @pytest.mark.parametrize("name", BOARDS)
 def test_emulated_boards_name_a_debian_suite_the_emulator_knows(name):
+    from edgedyn.emulate.rootfs import SUITES
+
     board = load_board(name)
     assert board.debian_suite == DEBIAN_SUITES[name]
     assert (board.debian_suite is None) == (board.qemu_cpu is None) == (board.arch == "x86_64")
     if board.debian_suite is not None:
+        assert board.debian_suite in SUITES
         assert board.to_dict()["emulation"] == {"qemu_cpu": board.qemu_cpu, "debian_suite": board.debian_suite}
 
 

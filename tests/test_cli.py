@@ -97,6 +97,7 @@ def test_foreign_bundle_is_refused_by_verify(run_cli, export_example):
     result = run_cli("verify", str(export_example("tiny_cnn", board="raspberry-pi-4")))
     assert result.returncode == 2
     assert "was built for aarch64 (board raspberry-pi-4), but this machine is x86_64" in result.stderr
+    assert "hint: " in result.stderr and " --emulate" in result.stderr
 
 
 def test_usage_error_exits_2(run_cli):

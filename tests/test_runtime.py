@@ -175,7 +175,9 @@ def test_aarch64_bundle_is_refused_on_x86(export_example):
     with pytest.raises(rt.PlatformError) as info:
         rt.load(export_example("tiny_cnn", board="raspberry-pi-4"))
     assert info.value.message.endswith("was built for aarch64 (board raspberry-pi-4), but this machine is x86_64")
-    assert info.value.hint == "run it on a raspberry-pi-4 board, or export again for this machine with --board x86-64"
+    assert info.value.hint == ("run it on a raspberry-pi-4 board, or export again for this machine with --board x86-64; "
+                               "to check it here, on the board emulated under qemu: edgedyn verify "
+                               "tiny_cnn-raspberry-pi-4-tvm.edgedyn --emulate")
 
 
 def test_member_names_must_be_plain_relative_paths(export_example, tmp_path):
