@@ -21,7 +21,7 @@ from edgedyn.errors import EdgedynError
 from edgedyn.runtime.format import cache_dir
 
 # Note: the host tools the emulated board needs, and the Debian packages that provide them (scripts/install.sh
-# installs the same). Non-root mmdebstrap runs in a user namespace, which needs newuidmap from uidmap.
+# installs them for a checkout). Non-root mmdebstrap runs in a user namespace, which needs newuidmap from uidmap.
 HOST_TOOLS = ("qemu-aarch64-static", "mmdebstrap")
 HOST_PACKAGES = ("qemu-user-static", "mmdebstrap", "debian-archive-keyring", "uidmap")
 INSTALL_HINT = "sudo apt-get install {} (in a source checkout: bash scripts/install.sh)".format(" ".join(HOST_PACKAGES))
