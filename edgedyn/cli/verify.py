@@ -15,11 +15,18 @@ def verify_command(
     threads: Annotated[Optional[int], typer.Option(help="Threads for the executor.")] = None,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
+    emulate: Annotated[bool, typer.Option("--emulate", help="Verify on an emulated board of the bundle's kind: its "
+                                          "Debian arm64 root filesystem (built once, cached) under qemu-user with "
+                                          "the board's CPU.")] = False,
 ) -> None:
     """Run every specialization on its reference inputs; exit 1 when an output differs beyond tolerance."""
     import edgedyn.runtime as rt
     from edgedyn.runtime.format import host_arch
 
+    if emulate:
+        from edgedyn.emulate import verify_emulated
+
+        raise typer.Exit(verify_emulated(bundle, json_=json_, threads=threads, device=device))
     program = rt.load(bundle, threads=threads, device=device)
     for spec in program.specializations:
         err.print("using {}".format(spec.selection()))
