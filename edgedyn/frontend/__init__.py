@@ -20,7 +20,7 @@ import torch
 from edgedyn.errors import CaptureError
 from edgedyn.frontend.inputs import InputSet, TensorSpec, normalize_examples, parse_input_options
 from edgedyn.frontend.loading import load_reference, resolve_model
-from edgedyn.frontend.outputs import flatten_output
+from edgedyn.frontend.outputs import flatten_output, output_names
 from edgedyn.runtime import guards as guard_records
 
 __all__ = ["Captured", "Specialization", "capture", "parse_input_options"]
@@ -42,6 +42,11 @@ class Specialization:
     @property
     def example_args(self) -> Tuple[torch.Tensor, ...]:
         return tuple(self.example_tensors)
+
+    @property
+    def output_names(self) -> List[str]:
+        """The flat outputs' names: a dict's or ModelOutput's keys (`logits`), else `output_0`, `output_1`..."""
+        return output_names(self.output_tree)
 
 
 @dataclass
@@ -95,18 +100,21 @@ def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence
 
 
 def _parameters(model: Any, name: str) -> List[inspect.Parameter]:
+    """The named arguments of the model's forward; `**kwargs` is left empty, so it is not one of them."""
     function = model.forward if isinstance(model, torch.nn.Module) else model
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError) as error:
         raise CaptureError("cannot read the signature of {}: {}".format(name, error))
     for parameter in parameters:
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+        if parameter.kind == parameter.VAR_POSITIONAL:
             raise CaptureError(
                 "{} takes *{}; edgedyn needs named arguments to guard them".format(name, parameter.name),
                 hint="wrap the model in a function with explicit arguments",
             )
-    return parameters
+    # Note: `transformers` models take `**kwargs` (attention options passed down); arguments given by name are
+    # captured and guarded, every other one takes its default, and **kwargs receives nothing.
+    return [p for p in parameters if p.kind != p.VAR_KEYWORD]
 
 
 def _bind(parameters: List[inspect.Parameter], example: Any, name: str) -> InputSet:
@@ -121,6 +129,8 @@ def _signature(parameters: List[inspect.Parameter], sets: List[InputSet], name: 
     signature = []
     for parameter in parameters:
         given = [s[parameter.name] for s in sets if parameter.name in s]
+        if not given and parameter.default is None:
+            continue  # left at None (a mask, labels, a cache): not captured, so not an argument of the bundle
         is_tensor = any(isinstance(v, (TensorSpec, torch.Tensor, np.ndarray)) for v in given)
         record = {"name": parameter.name, "kind": "tensor" if is_tensor else "constant"}  # type: Dict[str, Any]
         if parameter.default is not inspect.Parameter.empty and _is_scalar(parameter.default):
