@@ -78,7 +78,7 @@ def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence
     else:
         model = resolve_model(model, name)
     if isinstance(model, torch.nn.Module):
-        model.eval()
+        _eval(model)
         name = type(model).__name__ if name in ("", type(model).__name__) else name
     parameters = _parameters(model, name)
     if inputs:
@@ -97,6 +97,14 @@ def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence
             raise CaptureError("specialization {} is given twice".format(spec.name))
         captured.specializations.append(spec)
     return captured
+
+
+def _eval(model: torch.nn.Module) -> None:
+    """Eval mode; a module from ExportedProgram.module() refuses eval() and keeps the mode it was exported in."""
+    try:
+        model.eval()
+    except NotImplementedError:
+        pass
 
 
 def _parameters(model: Any, name: str) -> List[inspect.Parameter]:
@@ -215,7 +223,8 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
                 hint="wrap the model in a function that takes tensors and builds the rest inside")
         labels.append(label)
     tensor_names = list(tensors)
-    wrapper = _Specialized(model, tensor_names, constants).eval()
+    wrapper = _Specialized(model, tensor_names, constants)
+    wrapper.training = False  # not .eval(): it would recurse into an ExportedProgram module, which refuses it
     args = tuple(tensors[n] for n in tensor_names)
     with torch.no_grad():
         eager = model(**tensors, **constants)
