@@ -66,7 +66,7 @@ def build(name: str) -> Any:
     except ImportError as error:
         raise MissingDependencyError("the zoo needs transformers ({})".format(error),
                                      hint="pip install 'edgedyn[zoo]'") from error
-    from edgedyn.zoo.weights import randomize
+    from edgedyn.zoo.weights import calibrate_batchnorm, randomize
 
     import torch
 
@@ -77,21 +77,28 @@ def build(name: str) -> Any:
         torch.manual_seed(_seed(name))
         model = record.factory()
     randomize(model, seed=_seed(name))
+    calibrate_batchnorm(model, _batch(record, seed=_seed(name), size=4))
     return model.eval()
 
 
 def example_inputs(name: str, seed: int = 0) -> Dict[str, Any]:
     """Fresh random inputs for a zoo model (normal floats, ids uniform in range), as a dict of tensors."""
+    return _batch(get(name), seed, size=None)
+
+
+def _batch(record: ZooModel, seed: int, size: Optional[int]) -> Dict[str, Any]:
+    """Random inputs at the record's shapes, or with the batch dimension set to `size`."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     values = {}
-    for spec in get(name).inputs:
+    for spec in record.inputs:
+        shape = spec.shape if size is None else (size,) + tuple(spec.shape[1:])
         if spec.high is not None:
             dtype = getattr(torch, spec.dtype)
-            values[spec.name] = torch.randint(0, spec.high, spec.shape, generator=generator, dtype=dtype)
+            values[spec.name] = torch.randint(0, spec.high, shape, generator=generator, dtype=dtype)
         else:
-            values[spec.name] = torch.randn(spec.shape, generator=generator)
+            values[spec.name] = torch.randn(shape, generator=generator)
     return values
 
 

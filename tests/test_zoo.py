@@ -1,0 +1,95 @@
+"""Every zoo model, held as users hold it, exported for x86-64 and compared with torch eager on fresh inputs."""
+import os
+from pathlib import Path
+from typing import Any, Dict
+
+import numpy as np
+import pytest
+
+from edgedyn import zoo
+
+try:
+    import transformers  # noqa: F401
+except ImportError:  # pragma: no cover - depends on the machine
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("the zoo needs transformers: pip install 'edgedyn[zoo]'", allow_module_level=True)
+
+# One model per family the default run must keep (cnn, encoder, detector); the others are `zoo_full`.
+PARAMS = [pytest.param(name, marks=() if zoo.get(name).fast else pytest.mark.zoo_full, id=name)
+          for name in zoo.names()]
+FRESH_SEED = 1234  # not the seed the capture drew its example inputs with
+
+
+def _numpy(values: Dict[str, Any]) -> Dict[str, np.ndarray]:
+    return {name: tensor.numpy() for name, tensor in values.items()}
+
+
+@pytest.mark.parametrize("name", PARAMS)
+def test_zoo_model_matches_torch_eager_on_fresh_inputs(name: str, tmp_path: Path) -> None:
+    import torch
+
+    import edgedyn
+    import edgedyn.runtime as rt
+
+    record = zoo.get(name)
+    model = zoo.build(name)
+    path = edgedyn.export(model, zoo.example_inputs(name, seed=0), board="x86-64", backend="onnxruntime",
+                          output=tmp_path / "{}.edgedyn".format(name))
+    program = rt.load(path)
+    spec = program.specializations[0]
+    assert [o["name"] for o in spec.record["outputs"]] == list(record.outputs)
+    assert [p["name"] for p in program.signature] == [i.name for i in record.inputs]
+
+    fresh = zoo.example_inputs(name, seed=FRESH_SEED)
+    actual = program(**_numpy(fresh))
+    with torch.no_grad():
+        expected = model(**fresh)
+        other = model(**zoo.example_inputs(name, seed=FRESH_SEED + 1))
+    assert isinstance(actual, dict) and list(actual) == list(record.outputs)
+    for key in record.outputs:
+        want = expected[key].numpy()
+        scale = float(np.abs(want).max())
+        # The comparison means something only if the output moves with the input by far more than the tolerance.
+        assert float(np.abs(other[key].numpy() - want).max()) > 100 * record.rtol * scale, key
+        np.testing.assert_allclose(actual[key], want, rtol=record.rtol, atol=record.rtol * scale,
+                                   err_msg="{} output {}".format(name, key))
+
+
+def test_zoo_records_are_complete() -> None:
+    assert len(zoo.names()) >= 12
+    assert {zoo.get(n).family for n in zoo.names()} <= set(zoo.FAMILIES)
+    fast = {zoo.get(n).family for n in zoo.names() if zoo.get(n).fast}
+    assert {"cnn", "encoder", "detector"} <= fast
+    for name in zoo.names():
+        record = zoo.get(name)
+        assert record.outputs and record.inputs and record.description
+        for spec in record.inputs:
+            assert (spec.high is not None) == spec.dtype.startswith("int"), (name, spec)
+
+
+def test_token_ids_are_int64_and_in_range() -> None:
+    ids = zoo.example_inputs("gpt2", seed=3)["input_ids"]
+    assert str(ids.dtype) == "torch.int64"
+    assert int(ids.min()) >= 0 and int(ids.max()) < zoo.get("gpt2").inputs[0].high
+    assert zoo.input_options("gpt2") == ["input_ids=1x16:int64"]
+
+
+def test_build_is_deterministic_and_leaves_the_global_generator_alone() -> None:
+    import torch
+
+    torch.manual_seed(7)
+    before = torch.rand(1)
+    torch.manual_seed(7)
+    first = zoo.build("vit")
+    assert torch.equal(torch.rand(1), before)
+    second = zoo.build("vit")
+    for (key, a), b in zip(first.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), key
+
+
+def test_unknown_zoo_model_lists_the_names() -> None:
+    from edgedyn.errors import EdgedynError
+
+    with pytest.raises(EdgedynError, match="unknown zoo model 'resnet5'; choose from: resnet, mobilenet_v2"):
+        zoo.get("resnet5")
