@@ -99,7 +99,7 @@ def _load_onnx(path: Path) -> Tuple[Any, Callable[[], Any]]:
 
 
 # Model files read without Python code of the user's: suffix -> (model, example inputs function).
-FILE_LOADERS = {".onnx": _load_onnx, ".pt2": _load_program}  # type: Dict[str, Callable[[Path], Tuple[Any, Callable[[], Any]]]]
+FILE_LOADERS = {".onnx": _load_onnx, ".pt2": _load_program}  # type: Dict[str, Callable[[Path], Tuple[Any, Any]]]
 
 
 def resolve_model(obj: Any, label: str) -> Any:

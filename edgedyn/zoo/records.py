@@ -40,8 +40,6 @@ class ZooModel:
     fast: bool = False
     # Relative to the largest reference magnitude; fp32 models meet the project's 1e-4.
     rtol: float = 1e-4
-    # Set when torch.export itself cannot capture the model as held: torch's reason and the workaround.
-    capture_failure: Optional[str] = None
 
 
 def names() -> List[str]:
