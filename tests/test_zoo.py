@@ -89,6 +89,22 @@ def test_build_is_deterministic_and_leaves_the_global_generator_alone() -> None:
         assert torch.equal(a, b), key
 
 
+def test_build_is_the_same_in_a_fresh_process(tmp_path: Path) -> None:
+    """Bundles, ONNX files and benchmark workers are made in other processes than the model they are checked with."""
+    import subprocess
+    import sys
+
+    import torch
+
+    script = ("import torch, sys; from edgedyn import zoo; "
+              "torch.save(zoo.build('segformer').state_dict(), sys.argv[1])")
+    path = tmp_path / "state.pt"
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, cwd=str(Path(__file__).parents[1]))
+    theirs = torch.load(str(path))
+    for key, value in zoo.build("segformer").state_dict().items():
+        assert torch.equal(value, theirs[key]), key
+
+
 def test_unknown_zoo_model_lists_the_names() -> None:
     from edgedyn.errors import EdgedynError
 

@@ -51,7 +51,11 @@ def calibrate_batchnorm(model: Any, inputs: Dict[str, torch.Tensor]) -> None:
     for norm in norms:
         norm.reset_running_stats()
         norm.momentum = None  # a cumulative average: one batch sets the statistics exactly
-    model.train()
+    # Only the batch norms train: dropout stays off, so the statistics (and the model) are the same in every
+    # process; with the whole model in train mode, unseeded dropout masks made each build differ.
+    model.eval()
+    for norm in norms:
+        norm.train()
     with torch.no_grad():
         model(**inputs)
     model.eval()
