@@ -166,6 +166,16 @@ def test_kwargs_model_captures_given_arguments_and_names_outputs_by_key(tmp_path
         program(pixel_values=fresh, scale=3.0)
 
 
+def test_keyword_only_arguments_are_passed_by_name():
+    def scaled(x, *, factor=2.0):
+        return x * factor
+
+    (spec,) = edgedyn.capture(scaled, inputs=["x=3:float32", "factor=0.5"]).specializations
+    assert spec.constants == {"factor": 0.5}
+    x = torch.randn(3)
+    torch.testing.assert_close(spec.program.module()(x)[0], x * 0.5)
+
+
 def test_star_args_are_still_refused():
     def variadic(x, *tensors):
         return x

@@ -160,7 +160,8 @@ def _is_scalar(value: Any) -> bool:
 class _Specialized(torch.nn.Module):
     """Calls the user's model with the tensor inputs and the specialized constants; returns flat outputs."""
 
-    def __init__(self, model: Any, tensor_names: List[str], constants: Dict[str, Any], order: List[str]) -> None:
+    def __init__(self, model: Any, tensor_names: List[str], constants: Dict[str, Any],
+                 order: List[str]) -> None:
         super().__init__()
         if isinstance(model, torch.nn.Module):
             self.model = model
@@ -179,12 +180,12 @@ class _Specialized(torch.nn.Module):
         target = self.model if hasattr(self, "model") else self._function
         kwargs = dict(zip(self.tensor_names, tensors))
         kwargs.update(self.constants)
-        return tuple(flatten_output(call(target, self.order, kwargs))[1])
+        return tuple(flatten_output(_call(target, self.order, kwargs))[1])
 
 
-def call(target: Any, order: List[str], values: Dict[str, Any]) -> Any:
-    """Calls as Python binds: the leading run of given parameters positionally, the rest by name. A module from
-    ExportedProgram.module() accepts its inputs only positionally."""
+def _call(target: Any, order: List[str], values: Dict[str, Any]) -> Any:
+    """Calls as Python binds: the leading run of given positional parameters (`order`) positionally, the rest by
+    name. A module from ExportedProgram.module() accepts its inputs only positionally."""
     positional = []
     for name in order:
         if name not in values:
@@ -235,12 +236,12 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
                 hint="wrap the model in a function that takes tensors and builds the rest inside")
         labels.append(label)
     tensor_names = list(tensors)
-    order = [p.name for p in parameters]
+    order = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     wrapper = _Specialized(model, tensor_names, constants, order)
     wrapper.training = False  # not .eval(): it would recurse into an ExportedProgram module, which refuses it
     args = tuple(tensors[n] for n in tensor_names)
     with torch.no_grad():
-        eager = call(model, order, dict(tensors, **constants))
+        eager = _call(model, order, dict(tensors, **constants))
     output_tree, flat = flatten_output(eager)
     program = _export(wrapper, args, name)
     return Specialization(
