@@ -1,5 +1,4 @@
 """Every zoo model, held as users hold it, exported for x86-64 and compared with torch eager on fresh inputs."""
-import os
 from pathlib import Path
 from typing import Any, Dict
 
@@ -8,12 +7,7 @@ import pytest
 
 from edgedyn import zoo
 
-try:
-    import transformers  # noqa: F401
-except ImportError:  # pragma: no cover - depends on the machine
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("the zoo needs transformers: pip install 'edgedyn[zoo]'", allow_module_level=True)
+pytestmark = pytest.mark.requires("transformers")
 
 # One model per family the default run must keep (cnn, encoder, detector); the others are `zoo_full`.
 PARAMS = [pytest.param(name, marks=() if zoo.get(name).fast else pytest.mark.zoo_full, id=name)

@@ -16,6 +16,7 @@ import torch
 
 from edgedyn.errors import CaptureError
 from edgedyn.frontend.inputs import TensorSpec
+from edgedyn.frontend import onnx_layers  # noqa: F401  (registers the layer operators into OPS)
 from edgedyn.frontend.onnx_ops import OPS, StaticArray, Value
 
 # ONNX TensorProto element types -> dtype names (inputs.DTYPES).

@@ -2,8 +2,9 @@
 
 A value is a torch tensor (it depends on the graph's inputs) or a numpy array (computed from shapes and
 constants only). Shape-like operators keep numpy values numpy, so sizes stay Python numbers in the capture.
-Each function returns the list of its outputs; `attributes["_op"]` is the op type, for functions serving two.
-Semantics follow the ONNX operator specification (opset 13+).
+Layer operators (conv, pooling, norms, resize, ...) are in onnx_layers.py, which adds them to OPS when
+onnx_import imports it. Each function returns the list of its outputs; `attributes["_op"]` is the op type, for
+functions serving two. Semantics follow the ONNX operator specification (opset 13+).
 """
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -336,6 +337,3 @@ def _cumsum(inputs: List[Optional[Value]], attributes: Attributes) -> List[Value
         result = result - x
     return [result.flip(axis) if attributes.get("reverse", 0) else result]
 
-
-# The layer operators register themselves into OPS (a second file keeps each under ~300 lines).
-from edgedyn.frontend import onnx_layers  # noqa: E402,F401

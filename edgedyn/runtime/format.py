@@ -40,10 +40,15 @@ def sha256_file(path: PathLike) -> str:
     return digest.hexdigest()
 
 
+# Note: the one alias table for CPU architectures (boards, bundles, the runtime all use it). Only 64-bit names map
+# to aarch64: "armv8l" is a 32-bit userland on a 64-bit kernel and cannot load aarch64 code.
+_ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
+
+
 def host_arch() -> str:
-    """This machine's CPU architecture in the names bundles use (x86_64, aarch64)."""
+    """This machine's CPU architecture in the names boards and bundles use (x86_64, aarch64)."""
     machine = platform.machine().lower()
-    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8l": "aarch64"}.get(machine, machine)
+    return _ARCH_ALIASES.get(machine, machine)
 
 
 def _check_member_name(name: str) -> None:
@@ -124,6 +129,35 @@ class Bundle:
 
     def member_sizes(self) -> Dict[str, int]:
         return {name: record["size"] for name, record in self.manifest["members"].items()}
+
+
+class MemoryBundle:
+    """Members held in memory before any bundle file exists (export-time checks), read the way a Bundle is read.
+
+    `directory` receives the members executors need as files; give a fresh one per use, since dlopen caches
+    libraries by path (docs/stack-notes.md), so a path must never be reused for other bytes.
+    """
+
+    def __init__(self, members: Dict[str, bytes], directory: PathLike) -> None:
+        for name in members:
+            _check_member_name(name)
+        self._members = dict(members)
+        self._directory = Path(directory)
+
+    def read(self, name: str) -> bytes:
+        if name not in self._members:
+            raise BundleError("in-memory bundle has no member {}".format(name))
+        return self._members[name]
+
+    def arrays(self, name: str) -> Dict[str, np.ndarray]:
+        with np.load(io.BytesIO(self.read(name)), allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
+
+    def extract(self, name: str) -> Path:
+        path = self._directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.read(name))
+        return path
 
 
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")

@@ -13,8 +13,9 @@ import numpy as np
 from edgedyn.runtime import kernels
 from edgedyn.runtime.errors import BundleError
 
-FORMAT = "edgedyn-portable-graph"
-FORMAT_VERSION = 1
+# The graph.json format this executor reads; the portable backend writes it with these constants.
+GRAPH_FORMAT = "edgedyn-portable-graph"
+GRAPH_FORMAT_VERSION = 1
 
 
 class PortableExecutor:
@@ -23,9 +24,9 @@ class PortableExecutor:
     def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
         files = artifact["files"]
         graph = json.loads(bundle.read(files["graph"]).decode("utf-8"))
-        if graph.get("format") != FORMAT or graph.get("format_version") != FORMAT_VERSION:
+        if graph.get("format") != GRAPH_FORMAT or graph.get("format_version") != GRAPH_FORMAT_VERSION:
             raise BundleError("bundle {}: portable graph has format {!r} version {!r}, this runtime reads {} {}".format(
-                bundle.path, graph.get("format"), graph.get("format_version"), FORMAT, FORMAT_VERSION),
+                bundle.path, graph.get("format"), graph.get("format_version"), GRAPH_FORMAT, GRAPH_FORMAT_VERSION),
                 hint="install the edgedyn version that made the bundle on the board")
         self.weights = bundle.arrays(files["weights"])
         alignment = int(graph.get("alignment", 64))
