@@ -104,3 +104,26 @@ def test_unknown_zoo_model_lists_the_names() -> None:
 
     with pytest.raises(EdgedynError, match="unknown zoo model 'resnet5'; choose from: resnet, mobilenet_v2"):
         zoo.get("resnet5")
+
+
+def test_onnx_file_of_a_zoo_model_exports_and_matches_eager(tmp_path: Path) -> None:
+    """DistilBERT's ONNX file holds its linear layers as MatMul + Add (onnxruntime 1.32 rejected those re-exported)."""
+    import contextlib
+    import io
+
+    import torch
+
+    import edgedyn
+    import edgedyn.runtime as rt
+
+    model = zoo.build("distilbert")
+    path = tmp_path / "distilbert.onnx"
+    with contextlib.redirect_stdout(io.StringIO()):
+        torch.onnx.export(model, (), str(path), kwargs=zoo.example_inputs("distilbert", seed=0), dynamo=True,
+                          external_data=False)
+    program = rt.load(edgedyn.export(str(path), backend="onnxruntime", output=tmp_path / "distilbert.edgedyn"))
+    fresh = zoo.example_inputs("distilbert", seed=FRESH_SEED)
+    (got,) = program(**_numpy(fresh)).values()
+    with torch.no_grad():
+        want = model(**fresh)["logits"].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

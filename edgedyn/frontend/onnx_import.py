@@ -9,14 +9,14 @@ any other operator is named, with its node, before anything runs.
 """
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
 import numpy as np
 import torch
 
 from edgedyn.errors import CaptureError
 from edgedyn.frontend.inputs import TensorSpec
-from edgedyn.frontend import onnx_layers  # noqa: F401  (registers the layer operators into OPS)
+from edgedyn.frontend.onnx_layers import LINEAR
 from edgedyn.frontend.onnx_ops import OPS, StaticArray, Value
 
 # ONNX TensorProto element types -> dtype names (inputs.DTYPES).
@@ -54,7 +54,8 @@ class OnnxModule(torch.nn.Module):
                         dict({a.name: _attribute(helper.get_attribute_value(a)) for a in node.attribute},
                              _op=node.op_type))
                        for node in nodes]
-        self._nodes = self._fold_constants(self._nodes)
+        self._nodes = _fuse_linear(self._fold_constants(self._nodes), set(self._buffer_of),
+                                   {o.name for o in graph.output})
         initialized = {i.name for i in graph.initializer}
         self.onnx_inputs = [i for i in graph.input if i.name not in initialized]
         self.input_names = _identifiers([i.name for i in self.onnx_inputs])
@@ -115,6 +116,33 @@ class OnnxModule(torch.nn.Module):
             for name, result in zip(outputs, results):
                 values[name] = result
         return {name: _as_tensor(values[name]) for name in self.output_names}
+
+
+def _fuse_linear(nodes: List[Any], constants: Set[str], graph_outputs: Set[str]) -> List[Any]:
+    """MatMul by a constant weight, then Add of a constant bias -> one linear layer, as a torch model has it.
+
+    ONNX exporters write linear layers as MatMul + Add; captured as such, onnxruntime 1.32's MatMulAddFusion
+    then rejects the graph ("Attempt to replace the existing tensor"). torch's linear captures as addmm (Gemm).
+    """
+    uses = {}  # type: Dict[str, int]
+    for _, names, _, _ in nodes:
+        for name in names:
+            uses[name] = uses.get(name, 0) + 1
+    producer = {outputs[0]: index for index, (op, _, outputs, _) in enumerate(nodes) if op == "MatMul"}
+    fused, dropped = {}, set()
+    for index, (op, names, outputs, attributes) in enumerate(nodes):
+        if op != "Add" or len(names) != 2:
+            continue
+        for product, bias in (names, names[::-1]):
+            source = producer.get(product)
+            if source is None or bias not in constants or uses.get(product) != 1 or product in graph_outputs:
+                continue
+            x, weight = nodes[source][1]
+            if weight in constants and source not in dropped:
+                fused[index] = (LINEAR, [x, weight, bias], outputs, {"_op": LINEAR})
+                dropped.add(source)
+                break
+    return [fused.get(i, node) for i, node in enumerate(nodes) if i not in dropped]
 
 
 def load_onnx(path: Path) -> "tuple":

@@ -9,6 +9,17 @@ import torch.nn.functional as F
 from edgedyn.errors import CaptureError
 from edgedyn.frontend.onnx_ops import OPS, Attributes, Op, Value, as_tensor, axes_input, ints, op
 
+# Not an ONNX operator: onnx_import fuses MatMul(x, constant W) + Add(constant b) into it.
+LINEAR = "edgedyn.Linear"
+
+
+@op(LINEAR)
+def _linear(inputs: List[Optional[Value]], attributes: Attributes) -> List[Value]:
+    x, weight, bias = (as_tensor(v) for v in inputs)  # type: ignore[arg-type]
+    if weight.dim() != 2 or bias.dim() > 1:
+        return [torch.matmul(x, weight) + bias]
+    return [F.linear(x, weight.t(), bias)]
+
 def _spatial_padding(x: torch.Tensor, attributes: Attributes, kernel: Sequence[int], strides: Sequence[int],
                      dilations: Sequence[int]) -> "tuple":
     """(x padded where ONNX pads are asymmetric or SAME_*, the symmetric padding left for the torch op)."""
