@@ -193,7 +193,7 @@ def _specialization_record(writer: BundleWriter, index: int, spec: Specializatio
         "guards": spec.guards,
         "inputs": [_tensor_record(name, tensor.numpy()) for name, tensor in zip(spec.tensor_inputs, spec.example_tensors)],
         "constants": spec.constants,
-        "outputs": [_tensor_record("output_{}".format(i), array) for i, array in enumerate(spec.reference_outputs)],
+        "outputs": [_tensor_record(name, array) for name, array in zip(spec.output_names, spec.reference_outputs)],
         "output_tree": spec.output_tree,
         "graph": {"ops_captured": op_count(spec.program.graph_module), "ops_optimized": op_count(optimized.graph_module)},
         "artifacts": records,

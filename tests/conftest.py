@@ -42,6 +42,7 @@ MODULE_EXTRAS = {
     "nvidia.cuda_nvrtc": "cuda",
     "nvidia.cuda_nvcc": "cuda",
     "vermin": "test",
+    "transformers": "zoo",
 }
 _running = None  # type: Optional[pytest.Item]
 

@@ -11,7 +11,8 @@ from edgedyn.cli.common import err, human_bytes, out, progress
 
 def export_command(
     model: Annotated[str, typer.Argument(help="The model as path/to/model.py:Name (a module class, an instance, a "
-                                              "zero-argument factory or a function).")],
+                                              "zero-argument factory or a function), package.module:Name, "
+                                              "model.onnx or program.pt2 (a saved ExportedProgram).")],
     board: Annotated[str, typer.Option("--board", "-b", help="Board name (see `edgedyn boards`) or path to a board TOML.")]
     = "x86-64",
     input_: Annotated[Optional[List[str]], typer.Option(

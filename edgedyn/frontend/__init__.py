@@ -15,7 +15,7 @@ import torch
 from edgedyn.errors import CaptureError
 from edgedyn.frontend.inputs import InputSet, TensorSpec, normalize_examples, parse_input_options
 from edgedyn.frontend.loading import load_reference, resolve_model
-from edgedyn.frontend.outputs import flatten_output
+from edgedyn.frontend.outputs import flatten_output, output_names
 from edgedyn.runtime import guards as guard_records
 from edgedyn.torch_quiet import quiet_torch
 
@@ -38,6 +38,11 @@ class Specialization:
     @property
     def example_args(self) -> Tuple[torch.Tensor, ...]:
         return tuple(self.example_tensors)
+
+    @property
+    def output_names(self) -> List[str]:
+        """The flat outputs' names: a dict's or ModelOutput's keys (`logits`), else `output_0`, `output_1`..."""
+        return output_names(self.output_tree)
 
 
 @dataclass
@@ -69,7 +74,7 @@ def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence
     else:
         model = resolve_model(model, name)
     if isinstance(model, torch.nn.Module):
-        model.eval()
+        _eval(model)
         name = type(model).__name__ if name in ("", type(model).__name__) else name
     parameters = _parameters(model, name)
     if inputs:
@@ -90,19 +95,30 @@ def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence
     return captured
 
 
+def _eval(model: torch.nn.Module) -> None:
+    """Eval mode; a module from ExportedProgram.module() refuses eval() and keeps the mode it was exported in."""
+    try:
+        model.eval()
+    except NotImplementedError:
+        pass
+
+
 def _parameters(model: Any, name: str) -> List[inspect.Parameter]:
+    """The named arguments of the model's forward; `**kwargs` is left empty, so it is not one of them."""
     function = model.forward if isinstance(model, torch.nn.Module) else model
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError) as error:
         raise CaptureError("cannot read the signature of {}: {}".format(name, error))
     for parameter in parameters:
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+        if parameter.kind == parameter.VAR_POSITIONAL:
             raise CaptureError(
                 "{} takes *{}; edgedyn needs named arguments to guard them".format(name, parameter.name),
                 hint="wrap the model in a function with explicit arguments",
             )
-    return parameters
+    # Note: `transformers` models take `**kwargs` (attention options passed down); arguments given by name are
+    # captured and guarded, every other one takes its default, and **kwargs receives nothing.
+    return [p for p in parameters if p.kind != p.VAR_KEYWORD]
 
 
 def _bind(parameters: List[inspect.Parameter], example: Any, name: str) -> InputSet:
@@ -117,6 +133,8 @@ def _signature(parameters: List[inspect.Parameter], sets: List[InputSet], name: 
     signature = []
     for parameter in parameters:
         given = [s[parameter.name] for s in sets if parameter.name in s]
+        if not given and parameter.default is None:
+            continue  # left at None (a mask, labels, a cache): not captured, so not an argument of the bundle
         is_tensor = any(isinstance(v, (TensorSpec, torch.Tensor, np.ndarray)) for v in given)
         record = {"name": parameter.name, "kind": "tensor" if is_tensor else "constant"}  # type: Dict[str, Any]
         if parameter.default is not inspect.Parameter.empty and _is_scalar(parameter.default):
@@ -138,7 +156,8 @@ def _is_scalar(value: Any) -> bool:
 class _Specialized(torch.nn.Module):
     """Calls the user's model with the tensor inputs and the specialized constants; returns flat outputs."""
 
-    def __init__(self, model: Any, tensor_names: List[str], constants: Dict[str, Any]) -> None:
+    def __init__(self, model: Any, tensor_names: List[str], constants: Dict[str, Any],
+                 order: List[str]) -> None:
         super().__init__()
         if isinstance(model, torch.nn.Module):
             self.model = model
@@ -151,12 +170,24 @@ class _Specialized(torch.nn.Module):
                 register(model)
         self.tensor_names = tensor_names
         self.constants = constants
+        self.order = order
 
     def forward(self, *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         target = self.model if hasattr(self, "model") else self._function
         kwargs = dict(zip(self.tensor_names, tensors))
         kwargs.update(self.constants)
-        return tuple(flatten_output(target(**kwargs))[1])
+        return tuple(flatten_output(_call(target, self.order, kwargs))[1])
+
+
+def _call(target: Any, order: List[str], values: Dict[str, Any]) -> Any:
+    """Calls as Python binds: the leading run of given positional parameters (`order`) positionally, the rest by
+    name. A module from ExportedProgram.module() accepts its inputs only positionally."""
+    positional = []
+    for name in order:
+        if name not in values:
+            break
+        positional.append(values[name])
+    return target(*positional, **{k: v for k, v in values.items() if k not in order[:len(positional)]})
 
 
 def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputSet, source: str, seed: int,
@@ -201,10 +232,12 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
                 hint="wrap the model in a function that takes tensors and builds the rest inside")
         labels.append(label)
     tensor_names = list(tensors)
-    wrapper = _Specialized(model, tensor_names, constants).eval()
+    order = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    wrapper = _Specialized(model, tensor_names, constants, order)
+    wrapper.training = False  # not .eval(): it would recurse into an ExportedProgram module, which refuses it
     args = tuple(tensors[n] for n in tensor_names)
     with torch.no_grad():
-        eager = model(**tensors, **constants)
+        eager = _call(model, order, dict(tensors, **constants))
     output_tree, flat = flatten_output(eager)
     program = _export(wrapper, args, name)
     return Specialization(

@@ -1,35 +1,105 @@
-"""Finds the user's model: `path/to/model.py:Name` -> an nn.Module or a plain function."""
+"""Finds the user's model: `path/to/model.py:Name`, `package.module:Name`, `model.onnx` or `program.pt2`."""
 import hashlib
+import importlib
 import importlib.util
 import inspect
+import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from edgedyn.errors import CaptureError
 
 
 def load_reference(reference: str) -> Tuple[Any, Optional[Callable[[], Any]], str]:
-    """Resolves `file.py:name` to (model or function, the file's `example_inputs` if any, the name)."""
+    """Resolves a model reference to (model or function, its example inputs function if any, the name).
+
+    `file.py:name` (a model file), `model.onnx`, `program.pt2` (a saved ExportedProgram; both with example inputs
+    at the file's fixed shapes) or `package.module:name` (a model in an installed package).
+    """
+    suffix = Path(reference).suffix.lower()
+    if suffix in FILE_LOADERS and ":" not in Path(reference).name:
+        path = Path(reference)
+        if not path.is_file():
+            raise CaptureError("model file {} does not exist".format(path), hint="check the path")
+        model, examples = FILE_LOADERS[suffix](path)
+        return model, examples, path.stem
     path_text, _, attribute = reference.rpartition(":")
     if not path_text or not attribute:
         raise CaptureError(
             "cannot read model reference {!r}".format(reference),
-            hint="write it as path/to/model.py:Name, e.g. examples/tiny_cnn.py:TinyCNN",
+            hint="write it as path/to/model.py:Name (e.g. examples/tiny_cnn.py:TinyCNN), package.module:Name, "
+                 "model.onnx or program.pt2",
         )
     path = Path(path_text)
-    if not path.is_file():
-        raise CaptureError("model file {} does not exist".format(path), hint="check the path before the ':'")
-    module = _import_file(path)
+    if path.suffix != ".py" and _MODULE_NAME.match(path_text) and not path.exists():
+        module = _import_module(path_text)
+        where = path_text
+    else:
+        if not path.is_file():
+            raise CaptureError("model file {} does not exist".format(path), hint="check the path before the ':'")
+        module = _import_file(path)
+        where = str(path)
     if not hasattr(module, attribute):
         names = sorted(n for n, v in vars(module).items() if not n.startswith("_") and callable(v)
                        and getattr(v, "__module__", None) == module.__name__)
         raise CaptureError(
-            "{} has no attribute {!r}".format(path, attribute),
+            "{} has no attribute {!r}".format(where, attribute),
             hint="names defined there: {}".format(", ".join(names) or "(none)"),
         )
     examples = getattr(module, "example_inputs", None)
     return resolve_model(getattr(module, attribute), reference), examples if callable(examples) else None, attribute
+
+
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _import_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        raise CaptureError("no module named {!r} (and no file {} here)".format(error.name or name, name),
+                           hint="install the package that provides it, or give a file: path/to/model.py:Name") from error
+    except Exception as error:
+        raise CaptureError("importing {} failed: {}: {}".format(name, type(error).__name__, error)) from error
+
+
+def _load_program(path: Path) -> Tuple[Any, Callable[[], Any]]:
+    """A saved ExportedProgram: its module, and example inputs at the shapes it was exported with."""
+    import torch
+
+    from edgedyn.frontend.inputs import TensorSpec
+
+    try:
+        program = torch.export.load(str(path))
+    except Exception as error:
+        raise CaptureError("cannot read {} as a saved ExportedProgram: {}".format(
+            path, (str(error).strip().splitlines() or [type(error).__name__])[0]),
+            hint="write it with torch.export.save(torch.export.export(model, args), '{}')".format(path.name)) from error
+    placeholders = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    user_inputs = list(program.graph_signature.user_inputs)
+
+    def examples() -> Dict[str, Any]:
+        values = {}
+        for name in user_inputs:
+            value = placeholders.get(name)
+            if not hasattr(value, "shape") or not all(isinstance(s, int) for s in value.shape):
+                raise CaptureError("{} input '{}' has no fixed shape recorded".format(path.name, name),
+                                   hint="give its shape: --input {}=1x3x224x224".format(name))
+            values[name] = TensorSpec(tuple(value.shape), str(value.dtype).replace("torch.", ""))
+        return values
+
+    return program.module(), examples
+
+
+def _load_onnx(path: Path) -> Tuple[Any, Callable[[], Any]]:
+    from edgedyn.frontend.onnx_import import load_onnx
+
+    return load_onnx(path)
+
+
+# Model files read without Python code of the user's: suffix -> (model, example inputs function).
+FILE_LOADERS = {".onnx": _load_onnx, ".pt2": _load_program}  # type: Dict[str, Callable[[Path], Tuple[Any, Any]]]
 
 
 def resolve_model(obj: Any, label: str) -> Any:

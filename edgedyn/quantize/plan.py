@@ -80,7 +80,7 @@ def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]
         want = [[o.detach().numpy() for o in module(*[torch.from_numpy(a) for a in batch])] for batch in batches]
     got = [[np.asarray(o) for o in run(batch)] for batch in batches]
     expected = run([np.ascontiguousarray(t.numpy()) for t in spec.example_tensors])
-    outputs = [dict(output_metrics([g[i] for g in got], [w[i] for w in want]), name="output_{}".format(i))
+    outputs = [dict(output_metrics([g[i] for g in got], [w[i] for w in want]), name=spec.output_names[i])
                for i in range(len(want[0]))]
     record = dict(artifact.meta["quantization"])
     record["calibration"] = {"source": plan.calibration.source if plan.calibration else None,
