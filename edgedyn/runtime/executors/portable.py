@@ -1,7 +1,7 @@
 """Runs a portable graph (edgedyn's own format, see edgedyn/backends/portable.py) with numpy kernels.
 
-Every input, intermediate, output and kernel scratch buffer is a view of one arena allocated when the bundle is
-loaded, at the offsets the memory plan chose; each step is prepared once (views, reshapes), so a call copies the
+Every input, intermediate, output and kernel scratch buffer is a view of one arena (one per calling thread, the
+first built when the bundle is loaded), at the offsets the memory plan chose; each step is prepared once (views, reshapes), so a call copies the
 inputs in, runs the steps and copies the outputs out: no allocation for intermediates.
 Standard library and numpy >= 1.19 only, Python 3.8 syntax: this file runs on the board.
 """
@@ -12,22 +12,17 @@ import numpy as np
 
 from edgedyn.runtime import kernels
 from edgedyn.runtime.errors import BundleError
+from edgedyn.runtime.threads import PerThread
 
 FORMAT = "edgedyn-portable-graph"
 FORMAT_VERSION = 1
 
 
-class PortableExecutor:
-    """One arena, one list of prepared kernel calls."""
+class _Arena:
+    """One arena with every value viewed in it and every step prepared over those views (one per thread)."""
 
-    def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
-        files = artifact["files"]
-        graph = json.loads(bundle.read(files["graph"]).decode("utf-8"))
-        if graph.get("format") != FORMAT or graph.get("format_version") != FORMAT_VERSION:
-            raise BundleError("bundle {}: portable graph has format {!r} version {!r}, this runtime reads {} {}".format(
-                bundle.path, graph.get("format"), graph.get("format_version"), FORMAT, FORMAT_VERSION),
-                hint="install the edgedyn version that made the bundle on the board")
-        self.weights = bundle.arrays(files["weights"])
+    def __init__(self, graph: Dict[str, Any], weights: Dict[str, np.ndarray]) -> None:
+        self.weights = weights
         alignment = int(graph.get("alignment", 64))
         raw = np.zeros(int(graph["arena_bytes"]) + alignment, np.uint8)
         start = (-raw.ctypes.data) % alignment
@@ -36,8 +31,6 @@ class PortableExecutor:
         self.inputs = [self.values[i] for i in graph["inputs"]]
         self.outputs = [self.values[i] for i in graph["outputs"]]
         self.steps = [self._prepare(step) for step in graph["steps"]]  # type: List[Callable[[], None]]
-        self.graph = graph
-        self.artifact = artifact
 
     def _view(self, record: Dict[str, Any]) -> np.ndarray:
         dtype = np.dtype(record["dtype"])
@@ -79,6 +72,36 @@ class PortableExecutor:
                 step()
         return [np.array(output, order="C") for output in self.outputs]
 
+
+class PortableExecutor:
+    """The graph and weights, read once; an arena per calling thread (threads.PerThread), since a call writes
+    every intermediate into its arena."""
+
+    def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
+        files = artifact["files"]
+        graph = json.loads(bundle.read(files["graph"]).decode("utf-8"))
+        if graph.get("format") != FORMAT or graph.get("format_version") != FORMAT_VERSION:
+            raise BundleError("bundle {}: portable graph has format {!r} version {!r}, this runtime reads {} {}".format(
+                bundle.path, graph.get("format"), graph.get("format_version"), FORMAT, FORMAT_VERSION),
+                hint="install the edgedyn version that made the bundle on the board")
+        self.weights = bundle.arrays(files["weights"])
+        self._arenas = PerThread(lambda: _Arena(graph, self.weights))
+        self.graph = graph
+        self.artifact = artifact
+
+    @property
+    def arena(self) -> np.ndarray:
+        """This thread's arena."""
+        return self._arenas.get().arena
+
+    @property
+    def outputs(self) -> List[np.ndarray]:
+        """This thread's output views in its arena."""
+        return self._arenas.get().outputs
+
+    def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
+        return self._arenas.get().run(inputs)
+
     def describe(self) -> Dict[str, Any]:
         return {
             "executor": "portable",
@@ -86,6 +109,7 @@ class PortableExecutor:
             "numpy": np.__version__,
             "arena_bytes": int(self.arena.nbytes),
             "weights_bytes": int(sum(array.nbytes for array in self.weights.values())),
-            "steps": len(self.steps),
+            "steps": len(self.graph["steps"]),
             "allocates_intermediates": False,
+            "arena_per_thread": True,
         }
