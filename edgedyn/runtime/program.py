@@ -6,8 +6,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edgedyn.runtime import guards as guard_checks
+from edgedyn.runtime import schema
 from edgedyn.runtime.devices import gpu_unusable_reason
-from edgedyn.runtime.errors import EdgedynError, GuardError, MissingDependencyError, PlatformError
+from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, GuardError, MissingDependencyError,
+                                    PlatformError)
 from edgedyn.runtime.executors import executor_class
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
 
@@ -82,13 +84,13 @@ class Program:
             reason = unusable_reason(artifact, arch, device)
             if reason is None:
                 try:
-                    spec.executor = executor_class(artifact["executor"])(self.bundle, artifact, {"threads": threads})
+                    spec.executor = self._open(spec, artifact, threads)
                     spec.artifact = artifact
                     return
-                except (MissingDependencyError, RuntimeError) as error:
+                except (MissingDependencyError, ArtifactLoadError) as error:
                     if index == len(artifacts) - 1:
                         raise
-                    reason = getattr(error, "message", str(error)).splitlines()[0]
+                    reason = error.message.splitlines()[0]
             spec.skipped.append((artifact_label(artifact), reason))
         if all(a.get("arch") not in (None, arch) for a in artifacts):
             raise _wrong_platform(self.bundle, spec, arch)
@@ -98,14 +100,40 @@ class Program:
             hint="use --device auto, or export again for this machine",
         )
 
+    def _open(self, spec: Specialization, artifact: Dict[str, Any], threads: Optional[int]) -> Any:
+        """The artifact's executor. Whatever its runtime raises on the artifact's bytes (a protobuf, flatbuffer or
+        TVM error) becomes an ArtifactLoadError naming the members, so the next artifact may be tried."""
+        opener = executor_class(artifact["executor"])
+        try:
+            return opener(self.bundle, artifact, {"threads": threads})
+        except EdgedynError:
+            raise
+        except Exception as error:
+            raise ArtifactLoadError(
+                "bundle {}: {} of specialization {} (members {}) does not load: {}: {}".format(
+                    self.bundle.path.name, artifact_label(artifact), schema.short(spec.name),
+                    schema.bounded(sorted(artifact["files"].values())), type(error).__name__,
+                    schema.short(str(error), 300)),
+                hint="copy the bundle again or export it again; never edit a bundle by hand")
+
     @property
     def name(self) -> str:
         return self.manifest["model"]["name"]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the matching specialization; safe to call from any number of threads at once (see threads.py)."""
         spec, values = self.dispatch(*args, **kwargs)
-        flat = spec.executor.run([np.ascontiguousarray(values[name]) for name in spec.inputs])
-        return build_outputs(spec.output_tree, flat)
+        try:
+            flat = spec.executor.run([np.ascontiguousarray(values[name]) for name in spec.inputs])
+            return build_outputs(spec.output_tree, flat)
+        except EdgedynError:
+            raise
+        except Exception as error:  # the arguments passed every guard: the artifact itself is at fault
+            raise ExecutionError(
+                "{} ({}) failed on arguments that match its guards: {}: {}".format(
+                    schema.short(spec.name), artifact_label(spec.artifact), type(error).__name__,
+                    schema.short(str(error), 300)),
+                hint="run `edgedyn verify` on the bundle; export it again if it fails")
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, Dict[str, Any]]:
         """The specialization whose guards all hold for these arguments, and the bound argument values."""
@@ -147,6 +175,8 @@ class Program:
         """The reference arguments stored at export time and torch eager's outputs for them."""
         arrays = self.bundle.arrays(spec.record["reference"])
         values = dict(spec.record["constants"])
+        wanted = ["input." + name for name in spec.inputs] + ["output.{}".format(i) for i in range(len(spec.outputs))]
+        _require_arrays(arrays, wanted, spec.record["reference"])
         for name in spec.inputs:
             values[name] = arrays["input." + name]
         outputs = [arrays["output.{}".format(i)] for i in range(len(spec.outputs))]
@@ -168,12 +198,25 @@ class Program:
                 # A quantized artifact: compared with its own outputs recorded at export (int8 differs from torch
                 # eager by design; the manifest's quantization.accuracy says by how much). See quantize/accuracy.py.
                 recorded = self.bundle.arrays(spec.artifact["files"]["expected"])
+                _require_arrays(recorded, ["output.{}".format(i) for i in range(len(spec.outputs))],
+                                spec.artifact["files"]["expected"])
                 expected = [recorded["output.{}".format(i)] for i in range(len(spec.outputs))]
                 extra["against"] = "int8 outputs recorded at export"
             for record, got, want in zip(spec.outputs, actual, expected):
                 results.append(dict(compare(got, want, tolerance), specialization=spec.name, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))
         return results
+
+
+class ArtifactLoadError(BundleError):
+    """An artifact's own runtime refused its bytes; the next artifact of the specialization may still run."""
+
+
+def _require_arrays(arrays: Dict[str, np.ndarray], names: List[str], member: str) -> None:
+    missing = [name for name in names if name not in arrays]
+    if missing:
+        raise BundleError("bundle member {} lacks arrays {}".format(member, schema.bounded(missing)),
+                          hint="copy the bundle again or export it again; never edit a bundle by hand")
 
 
 def compare(got: np.ndarray, want: np.ndarray, tolerance: Dict[str, float]) -> Dict[str, Any]:
@@ -226,8 +269,10 @@ def flatten_outputs(tree: Dict[str, Any], value: Any) -> List[np.ndarray]:
 
 def _no_match_message(model: str, failures: List[Tuple[str, str]]) -> str:
     lines = ["no specialization of {} matches these arguments:".format(model)]
-    for name, failure in failures:
-        lines.append("  {}: {}".format(name, failure))
+    for name, failure in failures[:schema.LISTED]:
+        lines.append("  {}: {}".format(schema.short(name), failure))
+    if len(failures) > schema.LISTED:
+        lines.append("  and {} more".format(len(failures) - schema.LISTED))
     return "\n".join(lines)
 
 
