@@ -386,7 +386,9 @@ def _require(data: Dict[str, Any], path: Path, section: str, key: str) -> Any:
     value = _field(data, section, key)
     if value is None:
         dotted = "{}.{}".format(section, key) if section else key
-        _fail(str(path), dotted, "a value (the field is required)", None)
+        _fail(str(path), dotted, "a value (the field is required)", None,
+              hint="add {} to the [{}] table; `edgedyn boards show x86-64` and boards/*.toml show every "
+                   "field".format(key, section) if section else "add {} at the top of the file".format(key))
     return value
 
 

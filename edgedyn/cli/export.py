@@ -5,7 +5,7 @@ from typing import List, Optional
 import typer
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import err, human_bytes, out, progress
+from edgedyn.cli.common import err, human_bytes, out, output_file, progress
 
 
 def export_command(
@@ -48,6 +48,8 @@ def export_command(
     from edgedyn.exporter import export
     from edgedyn.runtime.format import Bundle
 
+    if output is not None:
+        output_file(output, "-o")
     with progress("export") as step:
         path = export(model, board=board, output=output, backend=backend, inputs=input_ or None,
                       pipeline=pipeline, device=device, precision=precision, verify=verify, progress=step,

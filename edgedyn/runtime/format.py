@@ -64,6 +64,9 @@ class Bundle:
 
     def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise BundleError("bundle {} is a folder, not a bundle file".format(self.path),
+                              hint="give the .edgedyn file inside it, e.g. {}".format(self.path / "model.edgedyn"))
         if not self.path.is_file():
             raise BundleError(
                 "bundle {} does not exist".format(self.path),

@@ -63,6 +63,7 @@ class Program:
     def __init__(self, bundle: Bundle, threads: Optional[int] = None, device: str = "auto") -> None:
         if device not in DEVICES:
             raise EdgedynError("unknown device '{}'; choose from: {}".format(device, ", ".join(DEVICES)))
+        check_threads(threads)
         started = time.perf_counter()
         self.bundle = bundle
         self.manifest = bundle.manifest
@@ -206,6 +207,13 @@ class Program:
                 results.append(dict(compare(got, want, tolerance), specialization=spec.name, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))
         return results
+
+
+def check_threads(threads: Any) -> None:
+    """None (the backend's default) or a whole number of threads, 1 or more."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise EdgedynError("the thread count must be 1 or more, got {}".format(schema.short(threads)),
+                           hint="pass --threads N (threads=N) with N >= 1, or leave it out for the backend's default")
 
 
 class ArtifactLoadError(BundleError):
