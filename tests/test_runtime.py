@@ -318,6 +318,75 @@ def test_a_tampered_onnx_model_is_a_bundle_error_naming_the_member(export_exampl
         rt.load(path)
 
 
+def test_a_tflite_tensor_grown_by_tampering_is_refused_before_litert_allocates(export_example, tmp_path):
+    import importlib
+    import struct
+
+    def grow_first_shape(name, data):
+        if not name.endswith(".tflite"):
+            return data
+        model = importlib.import_module("tflite.Model").Model.GetRootAs(data)
+        tensors = model.Subgraphs(0)
+        tensor = next(tensors.Tensors(i) for i in range(tensors.TensorsLength()) if tensors.Tensors(i).ShapeLength())
+        start = tensor._tab.Vector(tensor._tab.Offset(4))  # Tensor.shape, field 0
+        return data[:start] + struct.pack("<i", 1 << 28) + data[start + 4:]
+
+    path = _reseal(export_example("tiny_cnn", backend="tflite"), tmp_path / "grown.edgedyn", grow_first_shape)
+    with pytest.raises(rt.BundleError, match=r"model\.tflite declares tensors of \d+ bytes, far above"):
+        rt.load(path)
+
+
+# ---- signatures: only bundles signed by a trusted key open, checked before anything is parsed ---------------------
+def _signed_copy(source: Path, tmp_path: Path, name: str = "signed.edgedyn"):
+    from edgedyn.bundle import sign_bundle
+    from edgedyn.runtime import signing
+
+    pem, public = signing.generate()
+    (tmp_path / "key").write_bytes(pem)
+    (tmp_path / "key.pub").write_text(public + "\n")
+    target = tmp_path / name
+    target.write_bytes(source.read_bytes())
+    sign_bundle(target, tmp_path / "key")
+    return target, tmp_path / "key.pub"
+
+
+def test_a_signed_bundle_opens_with_its_key_and_keeps_its_manifest_bytes(export_example, tmp_path):
+    source = export_example("tiny_cnn", backend="portable")
+    signed, public = _signed_copy(source, tmp_path)
+    with zipfile.ZipFile(source) as a, zipfile.ZipFile(signed) as b:
+        assert a.read(MANIFEST_NAME) == b.read(MANIFEST_NAME)
+    program = rt.load(signed, trusted_keys=[public])
+    assert program.bundle.signed_by == public.read_text().strip()
+    x = np.random.default_rng(5).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    np.testing.assert_array_equal(program(x), rt.load(source)(x))
+
+
+def test_unsigned_wrongly_signed_and_tampered_bundles_are_refused(export_example, tmp_path, monkeypatch):
+    from edgedyn.runtime import signing
+
+    source = export_example("tiny_cnn", backend="tvm")
+    signed, public = _signed_copy(source, tmp_path)
+    with pytest.raises(signing.SignatureError, match="is not signed"):
+        rt.load(source, trusted_keys=[public])
+    other = tmp_path / "other"
+    other.mkdir()
+    _, stranger = _signed_copy(source, other)
+    with pytest.raises(signing.SignatureError, match="not trusted here"):
+        rt.load(signed, trusted_keys=[stranger])
+    # Members tampered with the manifest resealed to match: checksums agree, the signature does not. The manifest
+    # here is not even JSON any more: the refusal comes before it is parsed (and before model.so is dlopened).
+    with zipfile.ZipFile(signed) as archive:
+        members = [(info.filename, archive.read(info.filename)) for info in archive.infolist()]
+    tampered = tmp_path / "tampered.edgedyn"
+    with zipfile.ZipFile(tampered, "w") as archive:
+        for name, data in members:
+            archive.writestr(name, b"{not json" if name == MANIFEST_NAME else data)
+    monkeypatch.setenv(signing.ENVIRONMENT, str(public))
+    with pytest.raises(signing.SignatureError, match="does not match the manifest"):
+        rt.load(tampered)
+    assert rt.load(signed).bundle.signed_by  # the environment's key, no argument
+
+
 # ---- the runtime stays light ----------------------------------------------------------------------------------
 def test_importing_the_runtime_loads_no_torch_tvm_compiler_or_onnx():
     code = ("import sys, edgedyn.runtime, edgedyn.runtime.executors.tvm; "

@@ -1,6 +1,6 @@
 """`edgedyn verify`: on the board, run the bundle's reference inputs and compare with torch eager's outputs."""
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.table import Table
@@ -15,12 +15,17 @@ def verify_command(
     threads: Annotated[Optional[int], typer.Option(help="Threads for the executor.")] = None,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
+    trusted_keys: Annotated[Optional[List[Path]], typer.Option(
+        "--trusted-keys", help="Public key file (KEY.pub from `edgedyn keygen`); repeat for several. Only a bundle "
+                               "signed by one of them is opened. Default: the files in EDGEDYN_TRUSTED_KEYS.")] = None,
 ) -> None:
     """Run every specialization on its reference inputs; exit 1 when an output differs beyond tolerance."""
     import edgedyn.runtime as rt
     from edgedyn.runtime.format import host_arch
 
-    program = rt.load(bundle, threads=threads, device=device)
+    program = rt.load(bundle, threads=threads, device=device, trusted_keys=trusted_keys or None)
+    if program.bundle.signed_by:
+        err.print("signature ok: signed by trusted key {}...".format(program.bundle.signed_by[:16]))
     for spec in program.specializations:
         err.print("using {}".format(spec.selection()))
     results = program.verify()

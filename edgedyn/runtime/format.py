@@ -17,11 +17,11 @@ import tempfile
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgedyn.runtime import schema
+from edgedyn.runtime import schema, signing
 from edgedyn.runtime.errors import BundleError, ChecksumError
 
 FORMAT_NAME = "edgedyn-bundle"
@@ -62,7 +62,8 @@ MAX_JSON_BYTES = 16 << 20  # a JSON member; the manifest of a large export is a 
 class Bundle:
     """An opened, checksum-verified bundle: the manifest plus access to its members."""
 
-    def __init__(self, path: PathLike) -> None:
+    def __init__(self, path: PathLike, trusted_keys: Optional[Sequence[signing.KeySource]] = None) -> None:
+        """`trusted_keys` (default: EDGEDYN_TRUSTED_KEYS): when any, only a bundle signed by one of them opens."""
         self.path = Path(path)
         if self.path.is_dir():
             raise BundleError("bundle {} is a folder, not a bundle file".format(self.path),
@@ -86,6 +87,12 @@ class Bundle:
             raise BundleError("bundle {}: its manifest is {} bytes, above the {} this runtime reads".format(
                 self.path, manifest_entry.size, MAX_JSON_BYTES), hint=schema.HINT)
         manifest_bytes = manifest_entry.bytes(data)
+        keys = signing.trusted_keys(trusted_keys)
+        self.signed_by = None  # type: Optional[str]
+        if keys:  # before the manifest is parsed and before any member is read
+            signature = entries.get(signing.SIGNATURE_NAME)
+            self.signed_by = signing.check(manifest_bytes, signature.bytes(data) if signature else None, keys,
+                                           self.path)
         if zlib.crc32(manifest_bytes) != manifest_entry.crc:
             raise ChecksumError("bundle {}: its manifest is damaged (CRC mismatch)".format(self.path),
                                 hint="copy the bundle again or export it again; never edit a bundle by hand")
@@ -100,7 +107,7 @@ class Bundle:
         if missing:
             raise BundleError("bundle {} lacks members listed in its manifest: {}".format(
                 self.path, schema.bounded(missing)), hint=schema.HINT)
-        extra = sorted(set(entries) - set(listed) - {MANIFEST_NAME})
+        extra = sorted(set(entries) - set(listed) - {MANIFEST_NAME, signing.SIGNATURE_NAME})
         if extra:
             raise BundleError("bundle {} holds members its manifest does not list: {}".format(
                 self.path, schema.bounded(extra)), hint=schema.HINT)

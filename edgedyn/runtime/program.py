@@ -106,7 +106,8 @@ class Program:
         TVM error) becomes an ArtifactLoadError naming the members, so the next artifact may be tried."""
         opener = executor_class(artifact["executor"])
         try:
-            return opener(self.bundle, artifact, {"threads": threads})
+            return opener(self.bundle, artifact, {"threads": threads,
+                                                  "declared_bytes": schema.declared_tensor_bytes(spec.record)})
         except EdgedynError:
             raise
         except Exception as error:
@@ -303,11 +304,14 @@ def _wrong_platform(bundle: Bundle, spec: Specialization, arch: str) -> Platform
     )
 
 
-def load(path: PathLike, threads: Optional[int] = None, device: str = "auto") -> Program:
+def load(path: PathLike, threads: Optional[int] = None, device: str = "auto",
+         trusted_keys: Optional[Sequence[Any]] = None) -> Program:
     """Opens a bundle, checks format, checksums and CPU architecture, and returns the callable program.
 
     `device`: "auto" runs GPU artifacts when this machine can (driver, GPU and executor present) and the CPU
     artifact otherwise; "cpu" or "gpu" forces the choice. Each specialization's choice is logged and kept in
     `program.specializations[i].selection()`.
+    `trusted_keys`: public key files (or raw keys); when given, or when EDGEDYN_TRUSTED_KEYS names any, a bundle
+    that is not signed by one of them is refused before any member is parsed or any library loaded.
     """
-    return Program(Bundle(path), threads=threads, device=device)
+    return Program(Bundle(path, trusted_keys=trusted_keys), threads=threads, device=device)

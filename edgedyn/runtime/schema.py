@@ -6,7 +6,7 @@ arrive over a network: a value that would make numpy read outside a buffer, allo
 object array is refused with a BundleError naming the member and the field.
 Standard library and numpy only, Python 3.8 syntax: this file runs on the board.
 """
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -138,6 +138,13 @@ def _check_signature(c: Checker, signature: Any) -> List[str]:
     return names
 
 
+def declared_tensor_bytes(spec: Dict[str, Any]) -> Optional[int]:
+    """What the manifest says one call's tensors take (every intermediate, unplanned), when it says."""
+    memory = spec.get("memory")
+    value = memory.get("naive_bytes") if isinstance(memory, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _check_specialization(c: Checker, spec: Any, where: str, names: List[str], members: Dict[str, Any]) -> None:
     c.obj(spec, where, ("name", "guards", "inputs", "outputs", "output_tree", "artifacts", "constants", "reference"))
     c.text(spec["name"], where + ".name")
@@ -202,10 +209,10 @@ def _check_output_tree(c: Checker, tree: Any, where: str, outputs: int, depth: i
 
 
 def _check_artifact(c: Checker, artifact: Any, where: str, members: Dict[str, Any]) -> None:
-    c.obj(artifact, where, ("backend", "executor", "files"))
+    c.obj(artifact, where, ("backend", "executor", "files", "device"))
     c.text(artifact["backend"], where + ".backend")
     c.text(artifact["executor"], where + ".executor")
-    c.text(artifact.get("device", "cpu"), where + ".device")
+    c.text(artifact["device"], where + ".device")
     if artifact.get("arch") is not None:
         c.text(artifact["arch"], where + ".arch")
     for key, name in c.obj(artifact["files"], where + ".files").items():
@@ -387,3 +394,55 @@ def check_step_views(c: Checker, where: str, op: str, outs: List[Any], args: Lis
     if op.startswith("aten._adaptive_avg_pool2d") and not (
             isinstance(x, np.ndarray) and x.ndim == outs[0].ndim >= 2 and x.shape[:-2] == outs[0].shape[:-2]):
         raise c.fail(where, "the pooled output's leading dims differ from its input's")
+
+
+# --- the TFLite flatbuffer: what its tensors will allocate, read before LiteRT sees the file ---
+
+# Bytes per element of each TFLite TensorType (schema.fbs order); unknown types count as 16 bytes.
+_TFLITE_ITEM = (4, 2, 4, 1, 8, 1, 1, 2, 8, 1, 8, 16, 8, 1, 1, 4, 2, 1)
+
+
+def tflite_tensor_bytes(data: bytes) -> int:
+    """The bytes every tensor of every subgraph declares (shape x type), read straight from the flatbuffer with each
+    offset bounds-checked; raises ValueError for a file whose tables point outside it."""
+    import struct
+
+    def u32(position: int) -> int:
+        return struct.unpack_from("<I", data, position)[0]
+
+    def field(table: int, index: int) -> int:
+        vtable = table - struct.unpack_from("<i", data, table)[0]
+        length = struct.unpack_from("<H", data, vtable)[0]
+        if 4 + 2 * index >= length:
+            return 0
+        offset = struct.unpack_from("<H", data, vtable + 4 + 2 * index)[0]
+        return table + offset if offset else 0
+
+    def vector(position: int) -> Tuple[int, int]:
+        start = position + u32(position)
+        count = u32(start)
+        if start + 4 + 4 * count > len(data):
+            raise ValueError("a vector runs past the end of the file")
+        return start + 4, count
+
+    def tables(table: int, index: int) -> List[int]:
+        position = field(table, index)
+        if not position:
+            return []
+        start, count = vector(position)
+        return [start + 4 * i + u32(start + 4 * i) for i in range(count)]
+
+    total = 0
+    for subgraph in tables(u32(0), 2):  # Model.subgraphs
+        for tensor in tables(subgraph, 0):  # SubGraph.tensors
+            shape, kind = field(tensor, 0), field(tensor, 1)
+            count = 1
+            if shape:
+                start, rank = vector(shape)
+                if rank > MAX_RANK:
+                    raise ValueError("a tensor of rank {}".format(rank))
+                for i in range(rank):
+                    count *= max(struct.unpack_from("<i", data, start + 4 * i)[0], 1)
+            item = data[kind] if kind else 0
+            total += count * (_TFLITE_ITEM[item] if item < len(_TFLITE_ITEM) else 16)
+    return total
