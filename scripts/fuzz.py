@@ -2,11 +2,13 @@
 EdgedynError subclass from `load` + one call + `verify()`, and no load whose peak RSS grows by more than twice the
 bundle's declared sizes over what the unmutated bundle costs.
 
-    python3 scripts/fuzz.py BUNDLE... [--mutants N] [--seed S] [--table docs-table.md]
+    python3 scripts/fuzz.py BUNDLE... [--mutants N] [--seed S] [--table docs-table.md] [--signed]
 
 Each mutant runs in a worker process (one per backend, restarted after a crash), so a segfault is caught and
 counted. Tampered TVM `model.so` files are native code that dlopen runs: without signing they are out of scope for
-"no crash" and are counted in their own family (`native`). tests/test_fuzz.py runs a bounded number of mutants.
+"no crash" and are counted in their own family (`native`). With `--signed`, each bundle is signed and the worker
+trusts only that key: then every mutant that changes the manifest or a member must be refused, native ones included.
+tests/test_fuzz.py runs a bounded number of mutants.
 """
 import argparse
 import hashlib
@@ -24,6 +26,9 @@ import zipfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's edgedyn, for signing the bundles of a --signed campaign
 
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 MANIFEST = "manifest.json"
@@ -322,13 +327,14 @@ def worker() -> None:
 class Worker:
     """A worker process; `run` returns its answer, or a crash or hang outcome (and starts a fresh worker)."""
 
-    def __init__(self, timeout: float, warmup: str) -> None:
+    def __init__(self, timeout: float, warmup: str, env: Optional[Dict[str, str]] = None) -> None:
         self.timeout = timeout
+        self.env = env or {}
         self.warmup = warmup  # the unmutated bundle: a fresh worker loads it first, so imports are not counted
         self.process = None  # type: Optional[subprocess.Popen]
 
     def _start(self) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        env = dict(os.environ, PYTHONPATH=str(REPO), **self.env)
         return subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True, env=env, bufsize=1)
 
@@ -374,14 +380,31 @@ def declared_bytes(path: Path) -> int:
     return sum(record["size"] for record in manifest["members"].values()) + arenas
 
 
+def _signed(bundle: Path, directory: Path) -> Tuple[Path, Dict[str, str]]:
+    """A signed copy of the bundle and the environment that trusts only its key."""
+    from edgedyn.bundle import sign_bundle
+    from edgedyn.runtime import signing
+
+    pem, public = signing.generate()
+    (directory / "key").write_bytes(pem)
+    (directory / "key.pub").write_text(public + "\n")
+    copy = directory / ("signed-" + bundle.name)
+    copy.write_bytes(bundle.read_bytes())
+    sign_bundle(copy, directory / "key")
+    return copy, {signing.ENVIRONMENT: str(directory / "key.pub")}
+
+
 def campaign(bundles: List[Path], count: int, seed: int, timeout: float = 60.0,
-             native: bool = True) -> List[Dict[str, Any]]:
-    """Runs `count` mutants of each bundle; one record per mutant."""
+             native: bool = True, signed: bool = False) -> List[Dict[str, Any]]:
+    """Runs `count` mutants of each bundle (signed copies with `signed`); one record per mutant."""
     records = []
     with tempfile.TemporaryDirectory(prefix="edgedyn-fuzz-") as directory:
         for bundle in bundles:
+            env = {}  # type: Dict[str, str]
+            if signed:
+                bundle, env = _signed(bundle, Path(directory))
             original = bundle.read_bytes()
-            runner = Worker(timeout, str(bundle))
+            runner = Worker(timeout, str(bundle), env)
             baseline = runner.run(str(bundle))  # the unmutated bundle's own cost, after the imports
             declared = declared_bytes(bundle)
             for index, (family, data, what) in enumerate(mutants(original, count, seed, native)):
@@ -392,7 +415,7 @@ def campaign(bundles: List[Path], count: int, seed: int, timeout: float = 60.0,
                 if family == "native" and runner.process is not None:
                     runner.close()  # native code ran: never trust that process again
                     runner.process = None
-                result.update(bundle=bundle.name, family=family, mutation=what,
+                result.update(bundle=bundle.name, family=family, mutation=what, signed=signed,
                               limit=2 * max(declared, len(data)) + max(baseline["rss_growth"], 0) + SLACK)
                 records.append(result)
             runner.close()
@@ -419,12 +442,16 @@ def table(records: List[Dict[str, Any]]) -> str:
 
 
 def findings(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Mutants that break a rule: a wrong exception, a crash or hang outside native code, or too much memory."""
+    """Mutants that break a rule: a wrong exception, a crash or hang outside native code (anywhere when signed), or
+    too much memory; signed, also any changed manifest or member not refused by its signature (before parsing)."""
     bad = []
     for record in records:
-        native = record["family"] == "native"
+        signed = record.get("signed", False)
+        native = record["family"] == "native" and not signed
+        tampered = record["family"] == "manifest" or record["family"].startswith("tamper") \
+            or record["family"] == "native"
         if record["outcome"] == "wrong-exception" or (record["outcome"] in ("crash", "hang") and not native) \
-                or record["rss_growth"] > record["limit"]:
+                or record["rss_growth"] > record["limit"] or (signed and tampered and record.get("type") != "SignatureError"):
             bad.append(record)
     return bad
 
@@ -435,13 +462,14 @@ def main() -> int:
     parser.add_argument("--mutants", type=int, default=500, help="mutants per bundle")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--table", type=Path, help="write the result table (markdown) here")
+    parser.add_argument("--signed", action="store_true", help="sign each bundle and trust only its key")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
         worker()
         return 0
     started = time.time()
-    records = campaign(options.bundles, options.mutants, options.seed)
+    records = campaign(options.bundles, options.mutants, options.seed, signed=options.signed)
     text = table(records)
     print(text)
     bad = findings(records)

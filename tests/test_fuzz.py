@@ -36,6 +36,16 @@ def test_mutated_bundles_are_refused_cleanly(export_example: Any, backend: str) 
         for r in bad[:10]))
 
 
+@pytest.mark.parametrize("backend", ["tvm", "portable"])
+def test_signed_bundles_refuse_every_tampered_mutant_before_parsing(export_example: Any, backend: str) -> None:
+    """Trusting one key, every changed manifest or member (TVM libraries included) is a SignatureError."""
+    fuzz = _fuzz()
+    records = fuzz.campaign([export_example("tiny_cnn", backend=backend)], 15, seed=7, signed=True)
+    assert {"manifest", "native" if backend == "tvm" else "tamper-json"} <= {r["family"] for r in records}
+    bad = fuzz.findings(records)
+    assert not bad, [(r["family"], r["mutation"], r["outcome"], r.get("type")) for r in bad[:10]]
+
+
 def test_findings_judge_native_code_apart(tmp_path: Path) -> None:
     """A crash is a finding unless native code from a tampered TVM library ran; a wrong exception always is."""
     fuzz = _fuzz()
