@@ -17,7 +17,7 @@ import tempfile
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union  # noqa: F401 (type comments)
 
 import numpy as np
 

@@ -1,8 +1,9 @@
 """Per-thread state for executors whose runtime objects must not be shared between threads.
 
 A portable arena and a TVM VM each hold the tensors of the call in flight: two threads calling one of them at once
-overwrite each other's intermediates (wrong answers from the portable executor, TVM type errors and crashes). `PerThread` builds one per calling thread, on that thread's first call, and keeps the one the
-loading thread built at load time, so a damaged bundle still fails in `load()`, not in the first call.
+overwrite each other's intermediates (wrong answers from the portable executor, TVM type errors and crashes).
+`PerThread` builds one per calling thread, on that thread's first call, and keeps the one the loading thread
+built at load time, so a damaged bundle still fails in `load()`, not in the first call.
 Standard library only, Python 3.8 syntax.
 """
 import threading
