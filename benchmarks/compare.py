@@ -139,15 +139,14 @@ def worker_main(task: Dict[str, Any]) -> None:
         call()
     send({"ready": True, "setup_s": setup_s,
           "estimate_s": (time.perf_counter() - started) / max(1, task["warmup"])})
+    from edgedyn.runtime.bench import StopRule, time_calls
+
     for line in sys.stdin:
         command = json.loads(line)
         if command.get("run"):
-            samples = []
-            for _ in range(command["run"]):
-                before = time.perf_counter()
-                call()
-                samples.append((time.perf_counter() - before) * 1000.0)
-            send({"samples_ms": samples})
+            # Exactly the block the parent asked for: it caps each variant's total time itself (block_sizes).
+            block = StopRule(command["run"], 0.0, math.inf, command["run"])
+            send({"samples_ms": [s * 1000.0 for s in time_calls(call, block)]})
         else:
             from edgedyn.runtime.bench import peak_rss_mb
 
@@ -188,17 +187,6 @@ class Worker:
 
 # --- timing, interleaved across the workers ---
 
-def median_of(samples: List[float]) -> float:
-    ordered = sorted(samples)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
-
-
-def percentile(samples: List[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(math.ceil(fraction * len(ordered))) - 1)]
-
-
 def block_sizes(estimates: Dict[str, float], iterations: int, rounds: int, seconds_per_variant: float) -> Dict[str, int]:
     """Calls per round for each variant: `iterations` in all, fewer when that would pass `seconds_per_variant`
     (untuned TVM on MobileNetV2 is ~180 ms a call): capped by time, so one slow variant cannot stall the run."""
@@ -224,7 +212,8 @@ def time_interleaved(workers: Dict[str, Worker], sizes: Dict[str, int], rounds: 
 def run_model(name: str, args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> Dict[str, Any]:
     import numpy as np
 
-    from edgedyn.backends import BACKENDS
+    from edgedyn.registry import BACKENDS
+    from edgedyn.runtime.bench import percentile
 
     model_ref, input_name, shape = MODELS[name]
     inputs_path = workdir / "{}-inputs.npz".format(name)
@@ -276,8 +265,8 @@ def run_model(name: str, args: argparse.Namespace, workdir: Path, log: Callable[
         log("{}: timing {} variants in {} interleaved rounds".format(name, len(workers), args.rounds))
         samples = time_interleaved(workers, sizes, args.rounds)
         for variant, values in samples.items():
-            results[variant].update(median_ms=median_of(values), p90_ms=percentile(values, 0.9), min_ms=min(values),
-                                    iterations=len(values))
+            results[variant].update(median_ms=percentile(values, 50), p90_ms=percentile(values, 90),
+                                    min_ms=min(values), iterations=len(values))
     finally:
         for variant, worker in workers.items():
             results[variant]["peak_rss_mb"] = worker.close().get("peak_rss_mb")

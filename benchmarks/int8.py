@@ -12,12 +12,11 @@ The table is printed as Markdown; JSON goes to benchmarks/results/.
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -26,6 +25,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 RESULTS = REPO / "benchmarks" / "results"
+
+from edgedyn.runtime.bench import StopRule, percentile, time_calls  # noqa: E402 (this checkout's edgedyn)
+
 MODELS = {
     "tiny_cnn": ("examples/tiny_cnn.py:TinyCNN", (1, 3, 64, 64)),
     "mobilenet_v2": ("examples/mobilenet_v2.py:MobileNetV2", (1, 3, 96, 96)),
@@ -52,14 +54,13 @@ def measure(model: str, backend: str, args: argparse.Namespace, workdir: Path) -
         for _ in range(args.warmup):
             program(x)
     times = {p: [] for p in programs}  # type: Dict[str, List[float]]
+    block = StopRule(args.iterations, 0.0, math.inf, args.iterations)  # exactly `iterations` calls per round
     for round_ in range(args.rounds):
         order = ["fp32", "int8"] if round_ % 2 == 0 else ["int8", "fp32"]
         for precision in order:
-            for _ in range(args.iterations):
-                started = time.perf_counter()
-                programs[precision](x)
-                times[precision].append((time.perf_counter() - started) * 1000.0)
-    medians = {p: statistics.median(t) for p, t in times.items()}
+            program = programs[precision]
+            times[precision].extend(s * 1000.0 for s in time_calls(lambda: program(x), block))
+    medians = {p: percentile(t, 50) for p, t in times.items()}
     artifact = programs["int8"].manifest["specializations"][0]["artifacts"][-1]
     quantization = artifact["quantization"]
     output = quantization["accuracy"]["outputs"][0]

@@ -35,7 +35,7 @@ def tvm_storage_bytes(program: Any) -> int:
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
-    from edgedyn.frontend import quiet_torch
+    from edgedyn.torch_quiet import quiet_torch
 
     with quiet_torch():
         module = from_exported_program(program, keep_params_as_input=True, unwrap_unit_return_tuple=True)
@@ -50,10 +50,12 @@ def tvm_storage_bytes(program: Any) -> int:
 
 def measure(use_tvm: bool) -> List[Dict[str, Any]]:
     from edgedyn.backends import portable
+    from edgedyn.backends.artifact import Build
     from edgedyn.boards import load_board
     from edgedyn.frontend import capture
     from edgedyn.passes import run_pipeline
-    from edgedyn.passes.memory_plan import check_plan, plan_program
+    from edgedyn.passes.memory_check import check_plan
+    from edgedyn.passes.memory_plan import plan_program
 
     board = load_board("x86-64")
     rows = []
@@ -63,7 +65,8 @@ def measure(use_tvm: bool) -> List[Dict[str, Any]]:
             program = run_pipeline(spec.program)
             graph = plan_program(program)
             check_plan(graph)
-            artifact = portable.lower(program, board, board.target("cpu"), spec.tensor_inputs)
+            artifact = portable.lower(Build(program=program, board=board, target=board.target("cpu"),
+                                            tensor_inputs=list(spec.tensor_inputs)))
             row = {"model": model, "specialization": spec.name, "graph": graph.summary(),
                    "portable": artifact.meta["memory"]}
             if use_tvm:

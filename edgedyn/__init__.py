@@ -6,7 +6,7 @@ the host API is imported on first use.
 """
 from typing import Any
 
-__version__ = "0.1.0"
+from edgedyn.version import __version__
 
 __all__ = ["__version__", "capture", "export"]
 

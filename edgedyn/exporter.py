@@ -1,5 +1,6 @@
 """`edgedyn.export`: capture -> passes -> backend -> bundle, for one board. The CLI's export command calls this."""
 import datetime
+import os
 import platform
 import sys
 from pathlib import Path
@@ -7,17 +8,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-import edgedyn
-from edgedyn.backends import Artifact
+from edgedyn.registry import AUTO, BACKENDS, check_backend_name, get_backend, gpu_backends
+from edgedyn.backends.artifact import Artifact, Build, open_executor
 from edgedyn.boards import Board, Target, load_board
 from edgedyn.bundle import BundleWriter
-from edgedyn.errors import BackendError, EdgedynError, MissingDependencyError
+from edgedyn.errors import EdgedynError
 from edgedyn.frontend import Captured, Specialization, capture
 from edgedyn.passes import PIPELINES, run_pipeline
 from edgedyn.passes.graph import op_count
 from edgedyn.runtime.format import SUFFIX, host_arch, pack_arrays
 from edgedyn.runtime.program import DEVICES, unusable_reason
-from edgedyn.selection import AUTO, check_backend_name, choose
+from edgedyn.selection import choose
+from edgedyn.version import __version__
 
 Progress = Callable[[str], None]
 PRECISIONS = ("fp32", "fp16")
@@ -60,7 +62,7 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
         optimized = run_pipeline(spec.program, pipeline)
         artifacts = []
         if gpu_target is not None:
-            gpu = _gpu_artifact(optimized, target_board, gpu_target, spec, precision, device, step)
+            gpu = _gpu_artifact(optimized, target_board, gpu_target, spec, precision, device, backend, step)
             artifacts += [gpu] if gpu is not None else []
         if device != "gpu" and quantizing is not None:
             artifacts.append(_quantized_artifact(quantizing, backend, optimized, target_board, target, spec, step))
@@ -70,11 +72,26 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     path = Path(output) if output else Path("{}-{}{}".format(captured.name, target_board.name, SUFFIX))
     step("writing {}".format(path))
     fit = _check_fit(target_board, records, writer)
-    writer.write(path, dict(_manifest(captured, target_board, records, model, pipeline), fit=fit))
-    if verify and all(any(unusable_reason(a, host_arch(), "auto") is None for a in r["artifacts"]) for r in records):
-        step("verifying {} on this machine".format(path.name))
-        _verify_or_fail(path)
+    runnable = all(any(unusable_reason(a, host_arch(), "auto") is None for a in r["artifacts"]) for r in records)
+    _write_verified(writer, path, dict(_manifest(captured, target_board, records, model, pipeline), fit=fit),
+                    verify and runnable, step)
     return path
+
+
+def _write_verified(writer: BundleWriter, path: Path, manifest: Dict[str, Any], verify: bool, step: Progress) -> None:
+    """Writes the bundle under a temporary name, verifies it when asked, and only then gives it its name: a bundle
+    that disagrees with torch eager is never left behind (nor does it replace an older good one)."""
+    staging = path.parent / ".{}.{}.partial{}".format(path.name, os.getpid(), SUFFIX)
+    writer.write(staging, manifest)
+    try:
+        if verify:
+            step("verifying {} on this machine".format(path.name))
+            _verify_or_fail(staging, path.name)
+        os.replace(str(staging), str(path))
+    except BaseException:
+        if staging.exists():
+            staging.unlink()
+        raise
 
 
 def _quantized_artifact(quantizing: Any, backend: str, program: Any, board: Board, target: Target,
@@ -86,7 +103,8 @@ def _quantized_artifact(quantizing: Any, backend: str, program: Any, board: Boar
     artifact = choose(backend, program, board, target, spec, progress=step,
                       quantization=quantizing.quantization(spec))
     step("measuring {} int8 accuracy against torch eager".format(artifact.backend))
-    return quantize_plan.finish(quantizing, artifact, spec)
+    with open_executor(artifact) as (executor, _):
+        return quantize_plan.finish(quantizing, artifact, spec, executor.run)
 
 
 def _gpu_target(board: Board, backend: str, device: str, precision: str) -> Optional[Target]:
@@ -95,34 +113,53 @@ def _gpu_target(board: Board, backend: str, device: str, precision: str) -> Opti
         raise EdgedynError("unknown device '{}'; choose from: {}".format(device, ", ".join(DEVICES)))
     if precision not in PRECISIONS:
         raise EdgedynError("unknown precision '{}'; choose from: {}".format(precision, ", ".join(PRECISIONS)))
-    wants_gpu = device != "cpu" and board.gpu_target is not None and backend in (AUTO, "tvm")
+    builds_gpu = backend == AUTO or get_backend(backend).builds_for("cuda")
+    wants_gpu = device != "cpu" and board.gpu_target is not None and builds_gpu
+    gpu_choices = " or ".join(["--backend " + name for name in gpu_backends()] + ["auto"])
     if device == "gpu" and not wants_gpu:
         raise EdgedynError(
-            "--device gpu needs a board with a GPU and a backend that builds GPU code (tvm); board '{}' and "
-            "backend '{}' have none".format(board.name, backend),
-            hint="use --board jetson-nano / jetson-xavier-nx / jetson-orin-nano with --backend tvm or auto; "
-                 "for onnxruntime's TensorRT/CUDA providers on a Jetson use --backend onnxruntime")
+            "--device gpu needs a board with a GPU and a backend that builds GPU code ({}); board '{}' and "
+            "backend '{}' have none".format(", ".join(gpu_backends()), board.name, backend),
+            hint="use --board jetson-nano / jetson-xavier-nx / jetson-orin-nano with {}; for onnxruntime's "
+                 "TensorRT/CUDA providers on a Jetson use --backend onnxruntime".format(gpu_choices))
     if precision != "fp32" and not wants_gpu:
         raise EdgedynError("--precision {} applies to GPU artifacts, and this export builds none".format(precision),
-                           hint="export for a Jetson board with --backend tvm or auto, or drop --precision")
+                           hint="export for a Jetson board with {}, or drop --precision".format(gpu_choices))
     return board.target("gpu") if wants_gpu else None
 
 
-def _gpu_artifact(program: Any, board: Board, target: Target, spec: Specialization, precision: str, device: str,
-                  step: Progress) -> Optional[Artifact]:
-    """TVM CUDA code for the board's GPU; under --device auto a missing GPU toolchain only drops the GPU artifact."""
-    from edgedyn.backends.tvm import lower_cuda
+def _gpu_backend(board: Board, backend: str) -> str:
+    """The backend that builds GPU code: the one asked for, else the first of the board's GPU preference
+    (`backends.gpu_preference`; by default every registered backend that builds CUDA code)."""
+    if backend != AUTO:
+        return backend
+    return (list(board.gpu_backends) + gpu_backends())[0]
 
-    step("building {} with tvm for {} ({})".format(spec.name, target.name, precision))
-    reference = pack_arrays(_reference_arrays(spec))
+
+class GpuFallbackWarning(UserWarning):
+    """Under --device auto, no GPU code could be built: the bundle carries the CPU artifact only."""
+
+
+def _gpu_artifact(program: Any, board: Board, target: Target, spec: Specialization, precision: str, device: str,
+                  backend: str, step: Progress) -> Optional[Artifact]:
+    """GPU code for the board; under --device auto a failed GPU build only drops the GPU artifact, with a warning
+    saying why (the CPU artifact is the fallback the runtime would use anyway)."""
+    import warnings
+
+    name = _gpu_backend(board, backend)
+    step("building {} with {} for {} ({})".format(spec.name, name, target.name, precision))
+    build = Build(program=program, board=board, target=target, tensor_inputs=list(spec.tensor_inputs),
+                  precision=precision, reference=pack_arrays(_reference_arrays(spec)))
     try:
-        artifact = lower_cuda(program, target, spec.tensor_inputs, precision, reference)
-    except MissingDependencyError as error:
+        return BACKENDS[name].build(build)
+    except EdgedynError as error:
         if device == "gpu":
             raise
-        step("no GPU artifact: {} ({})".format(error.message, error.hint))
+        message = "{}: no GPU code for {} ({}); the bundle carries the CPU artifact only: {}".format(
+            spec.name, board.name, target.name, error.message.strip().splitlines()[0])
+        step(message + (" ({})".format(error.hint) if error.hint else ""))
+        warnings.warn(message, GpuFallbackWarning, stacklevel=3)
         return None
-    return artifact
 
 
 def _reference_arrays(spec: Specialization) -> Dict[str, np.ndarray]:
@@ -161,8 +198,10 @@ def _memory_record(writer: BundleWriter, prefix: str, optimized: Any, artifact: 
     """The memory plan summary: the executor's own when its backend planned an arena, else the graph's."""
     import json
 
+    from edgedyn.passes.memory_check import check_if_debug
     from edgedyn.passes.memory_plan import plan_program
 
+    check_if_debug(optimized, artifact.files.get("plan"))
     if "plan" in files and "memory" in artifact.meta:
         return dict(artifact.meta["memory"], plan=files["plan"], source=artifact.backend)
     plan = plan_program(optimized)
@@ -206,22 +245,26 @@ def _manifest(captured: Captured, board: Board, records: List[Dict[str, Any]], m
 def _producer_versions() -> Dict[str, str]:
     import torch
 
-    versions = {"edgedyn": edgedyn.__version__, "torch": torch.__version__, "numpy": np.__version__,
+    versions = {"edgedyn": __version__, "torch": torch.__version__, "numpy": np.__version__,
                 "python": platform.python_version()}
     if "tvm" in sys.modules:
         versions["tvm"] = sys.modules["tvm"].__version__
     return versions
 
 
-def _verify_or_fail(path: Path) -> None:
+class VerificationMismatch(AssertionError):
+    """An exported bundle disagrees with torch eager: a bug in edgedyn or a backend, never the user's mistake."""
+
+
+def _verify_or_fail(path: Path, name: str) -> None:
     from edgedyn.runtime import load
 
     failed = [r for r in load(path).verify() if not r["ok"]]
     if failed:
-        worst = failed[0]
-        raise BackendError(
-            "the exported artifact disagrees with torch eager on {} output {}: max abs error {:.3g}, "
-            "relative {:.3g} (tolerance rtol {})".format(worst["specialization"], worst["output"], worst["max_abs"],
-                                                      worst["max_rel"], worst.get("rtol")),
-            hint="this is a backend bug; try another --backend and report it with EDGEDYN_DEBUG=1 output",
-        )
+        worst = max(failed, key=lambda r: r["max_rel"])
+        raise VerificationMismatch(
+            "{}: the exported artifact ({}) disagrees with torch eager on {} output {}: max abs error {:.3g}, "
+            "relative {:.3g} (tolerance rtol {}, atol {}); {} of the outputs failed. No bundle was written. This is "
+            "a bug: please report it with EDGEDYN_DEBUG=1 output, and try another --backend meanwhile".format(
+                name, worst.get("artifact"), worst["specialization"], worst["output"], worst["max_abs"],
+                worst["max_rel"], worst.get("rtol"), worst.get("atol"), len(failed)))

@@ -12,32 +12,21 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence  # noqa: F401 (type comments)
 
+from edgedyn.registry import BACKENDS
 from edgedyn.boards import Board
 from edgedyn.errors import EdgedynError
 
 MB = 1 << 20
 CLOSE = 0.90  # within 10% of the budget: warn
 
-# Peak RSS (VmHWM) of a fresh `python3` that has imported numpy, edgedyn.runtime and the executor with its backend
-# runtime, loading no bundle: measured with `measure_overhead_bytes(name)` (tests/test_fit.py re-measures
-# it) on x86_64, Python 3.11, numpy 2.4, 2026-11. torch is blocked in the measuring process, as on a board:
-# the tvm package imports torch when it can, which would add ~200 MB that no board pays. aarch64 boards
-# measure within a few MB of this (same libraries, similar page sizes); Python 3.8/numpy 1.19 is smaller.
-RUNTIME_OVERHEAD_BYTES = {
-    "portable": 35 * MB,  # python + numpy + edgedyn.runtime: 34.0 MB measured
-    "tvm": 81 * MB,  # + libtvm_runtime with TVM_USE_RUNTIME_LIB=1: 80.9 MB measured
-    "onnxruntime": 52 * MB,  # + onnxruntime 1.32: 51.3 MB measured
-    "litert": 41 * MB,  # + ai-edge-litert 2.3 (XNNPACK): 40.9 MB measured
-}
+# The runtime overhead of each executor, from its backend's registry record (edgedyn/registry.py says how
+# it was measured; benchmarks/overheads.py re-measures it). aarch64 boards measure within a few MB of this (same
+# libraries, similar page sizes); Python 3.8/numpy 1.19 is smaller.
+RUNTIME_OVERHEAD_BYTES = {b.executor: b.overhead_bytes for b in BACKENDS.values() if b.overhead_bytes is not None}
 # Executors nobody measured yet are charged the largest overhead measured (and the report says so).
 UNMEASURED_OVERHEAD_BYTES = max(RUNTIME_OVERHEAD_BYTES.values())
-
-_IMPORTS = {
-    "portable": "import edgedyn.runtime.executors.portable",
-    "tvm": "import edgedyn.runtime.executors.tvm as t; t._import_tvm()",
-    "onnxruntime": "import onnxruntime",
-    "litert": "from ai_edge_litert.interpreter import Interpreter",
-}
+_IMPORTS = {b.executor: b.overhead_import for b in BACKENDS.values()}
+PORTABLE = BACKENDS["portable"].executor  # the executor whose runtime needs only numpy
 
 
 class FitError(EdgedynError):
@@ -113,9 +102,9 @@ def _suggestions(report: FitReport, specializations: int) -> str:
         ideas.append("quantize the weights to int8 (--pipeline int8 where the backend supports it: 4x smaller)")
     if report.arena_bytes > report.weights_bytes or specializations > 1:
         ideas.append("export a smaller batch or fewer input shapes (--input), which shrinks the arena")
-    if report.executor != "portable" and report.overhead_bytes > RUNTIME_OVERHEAD_BYTES["portable"]:
+    if report.executor != PORTABLE and report.overhead_bytes > RUNTIME_OVERHEAD_BYTES[PORTABLE]:
         ideas.append("use --backend portable, whose runtime needs only numpy ({} MB instead of {} MB)".format(
-            _mb(RUNTIME_OVERHEAD_BYTES["portable"]), _mb(report.overhead_bytes)))
+            _mb(RUNTIME_OVERHEAD_BYTES[PORTABLE]), _mb(report.overhead_bytes)))
     else:
         ideas.append("try another --backend")
     ideas.append("or raise [memory] budget_mb in the board file if the board really has more free")

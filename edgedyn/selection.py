@@ -10,23 +10,23 @@ With `quantization` (--quantize), only backends with int8 kernels are built (edg
 a candidate is checked for sanity against torch eager (cosine), not for float equality: the accuracy gate runs after.
 The choice and its reasons go into the artifact's manifest entry as `selection`.
 """
-import difflib
 import os
-import statistics
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from edgedyn.backends import BACKENDS, Artifact, get_backend, open_executor
+from edgedyn.registry import AUTO, BACKENDS, check_backend_name
+from edgedyn.backends.artifact import Artifact, Build, open_executor
 from edgedyn.boards import Board, Target
 from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Specialization
+from edgedyn.runtime.bench import Clock, StopRule, percentile, time_calls
 from edgedyn.runtime.format import host_arch
-from edgedyn.runtime.program import compare
+from edgedyn.runtime.program import FP32_TOLERANCE, compare
 
-AUTO = "auto"
 Progress = Callable[[str], None]
 
 
@@ -34,34 +34,25 @@ Progress = Callable[[str], None]
 class Timing:
     """How long `auto` measures each candidate: warm-up runs, then timed runs until `seconds` have passed (at
     least `min_runs`, at most `max_runs`). A candidate slower than `seconds` per call gets one warm-up and one
-    timed run: it will not win, and untuned code must not make an export take minutes."""
+    timed run: it will not win, and untuned code must not make an export take minutes. `clock` is read around
+    each call (tests pass a fake one)."""
 
     warmup: int = 3  # including the first call
     min_runs: int = 5
     max_runs: int = 200
     seconds: float = 1.0
+    clock: Clock = field(default=time.perf_counter, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.warmup >= 1 and 1 <= self.min_runs <= self.max_runs and self.seconds > 0):
             raise ValueError("Timing needs warmup >= 1, 1 <= min_runs <= max_runs and seconds > 0; got {}".format(self))
 
+    def stop_rule(self) -> StopRule:
+        """The timed runs as runtime.bench's stop rule; no time cap: `seconds` decides, or `max_runs`."""
+        return StopRule(self.min_runs, self.seconds, math.inf, self.max_runs)
+
 
 DEFAULT_TIMING = Timing()
-
-
-def backend_choices() -> List[str]:
-    """What `--backend` accepts: the registered backends and `auto`."""
-    return sorted(list(BACKENDS) + [AUTO])
-
-
-def check_backend_name(name: str) -> None:
-    """Fails before any work when `name` is neither a registered backend nor `auto`."""
-    if name == AUTO or name in BACKENDS:
-        return
-    close = difflib.get_close_matches(name, backend_choices(), n=1)
-    raise EdgedynError("unknown backend '{}'; choose from: {}".format(name, ", ".join(backend_choices())),
-                       hint="did you mean '{}'?".format(close[0]) if close else
-                       "auto measures the installed backends on this machine, or follows the board's preference")
 
 
 def choose(backend: str, program: Any, board: Board, target: Target, spec: Specialization,
@@ -84,16 +75,15 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
 
 def _builder(program: Any, board: Board, target: Target, spec: Specialization,
              quantization: Optional[Any]) -> Callable[[str], Artifact]:
-    extra = {} if quantization is None else {"quantization": quantization}
-    return lambda name: get_backend(name)(program, board, target, spec.tensor_inputs, **extra)
+    build = Build(program=program, board=board, target=target, tensor_inputs=list(spec.tensor_inputs),
+                  quantization=quantization)
+    return lambda name: BACKENDS[name].build(build)
 
 
 def candidates(board: Board, quantization: Optional[Any] = None) -> List[str]:
     """Registered backends, the board's preference first (it breaks ties), then the rest by name; with
     `quantization`, only those with int8 kernels."""
-    from edgedyn.quantize import QUANTIZING_BACKENDS
-
-    usable = [name for name in BACKENDS if quantization is None or name in QUANTIZING_BACKENDS]
+    usable = [name for name, record in BACKENDS.items() if quantization is None or record.quantizes]
     preferred = [name for name in board.backends if name in usable]
     return preferred + sorted(name for name in usable if name not in preferred)
 
@@ -185,7 +175,7 @@ def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.
     if "quantization" in record:
         _check_quantized(artifact, outputs, expected)
         return
-    tolerance = record.get("tolerance", {"rtol": 1e-4, "atol": 1e-6})
+    tolerance = record.get("tolerance", FP32_TOLERANCE)
     for index, (got, want) in enumerate(zip(outputs, expected)):
         result = compare(np.asarray(got), want, tolerance)
         if not result["ok"]:
@@ -209,19 +199,14 @@ def _check_quantized(artifact: Artifact, outputs: List[np.ndarray], expected: Li
 
 
 def _median_ms(call: Callable[[], Any], timing: Timing) -> float:
-    started = time.perf_counter()
+    clock = timing.clock
+    started = clock()
     call()  # the first call after loading pays for allocation and lazy initialization: never timed
-    slow = time.perf_counter() - started > timing.seconds
-    for _ in range(0 if slow else timing.warmup - 1):
-        call()
-    times = []  # type: List[float]
-    deadline = time.perf_counter() + timing.seconds
-    while not times or (not slow and len(times) < timing.max_runs and (
-            len(times) < timing.min_runs or time.perf_counter() < deadline)):
-        started = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - started) * 1000.0)
-    return statistics.median(times)
+    if clock() - started > timing.seconds:  # too slow to win: one timed run is enough to say so
+        return percentile(time_calls(call, StopRule(1, 0.0, math.inf, 1), clock), 50) * 1000.0
+    if timing.warmup > 1:
+        time_calls(call, StopRule(timing.warmup - 1, 0.0, math.inf, timing.warmup - 1), clock)
+    return percentile(time_calls(call, timing.stop_rule(), clock), 50) * 1000.0
 
 
 def _with_selection(artifact: Artifact, selection: Dict[str, Any]) -> Artifact:

@@ -1,8 +1,10 @@
-"""Shared fixtures: example models and bundles exported once per test session."""
+"""Shared fixtures: example models and bundles exported once per test session, and the one way a test skips."""
+import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Tuple
+from types import ModuleType
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import pytest
 
@@ -25,6 +27,75 @@ ALL_MODELS = dict(EXAMPLE_MODELS, **REFERENCE_MODELS)
 RTOL = 1e-4
 
 
+# Note: every skip in tests/ goes through `require` (or the `requires` marker, which calls it). Locally a test
+# that lacks something skips with the reason; under CI=true it fails, naming what is missing and how to install
+# it, because CI claims to have run it. Only tests marked `gpu` (a real NVIDIA GPU) may still skip in CI.
+# test_conftest.py checks that no test skips any other way.
+
+# Python module -> the pyproject extra that installs it.
+MODULE_EXTRAS = {
+    "tvm": "tvm",
+    "onnx": "export",
+    "onnxruntime": "onnxruntime",
+    "tflite": "export",
+    "ai_edge_litert": "litert",
+    "nvidia.cuda_nvrtc": "cuda",
+    "nvidia.cuda_nvcc": "cuda",
+    "vermin": "test",
+}
+_running = None  # type: Optional[pytest.Item]
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+def install_hint(module: str) -> str:
+    extra = MODULE_EXTRAS.get(module) or MODULE_EXTRAS.get(module.split(".")[0])
+    return "pip install 'edgedyn[{}]'".format(extra) if extra else "pip install {}".format(module.split(".")[0])
+
+
+def require(condition: bool, why: str, hint: str) -> None:
+    """Skips the running test unless `condition` holds; under CI=true fails it instead (unless it is `gpu`)."""
+    if condition:
+        return
+    message = "{}; {}".format(why, hint)
+    if in_ci() and not (_running is not None and _running.get_closest_marker("gpu")):
+        pytest.fail("{} (CI=true: this test must run, not skip)".format(message), pytrace=False)
+    pytest.skip(message)
+
+
+def require_module(name: str, why: str = "") -> ModuleType:
+    """The imported module `name`, or a skip (a failure under CI=true) naming it and its install command."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        problem = str(error)
+    # Outside the `except`: the report shows the reason, not a chained ImportError traceback.
+    require(False, "needs the Python module '{}'{} ({})".format(name, ": " + why if why else "", problem),
+            install_hint(name))
+    raise AssertionError("not reached: require skips or fails")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Any:
+    """Lets `require` see the running test's markers, from its fixtures (any scope) and its body."""
+    global _running
+    _running = item
+    try:
+        yield
+    finally:
+        _running = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """`@pytest.mark.requires("tvm", ...)` (or `pytestmark = ...` for a module): checked before any fixture runs."""
+    for marker in item.iter_markers("requires"):
+        for name in marker.args:
+            require_module(name)
+
+
 @pytest.fixture(scope="session")
 def export_example(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Exports an example or reference model once per (model, board, backend) and returns the bundle path."""
@@ -42,6 +113,13 @@ def export_example(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
         return cache[key]
 
     return export
+
+
+def foreign_board() -> Tuple[str, str]:
+    """(a board whose CPU architecture is not this machine's, that architecture): its bundles are refused here."""
+    from edgedyn.runtime.format import host_arch
+
+    return ("x86-64", "x86_64") if host_arch() == "aarch64" else ("raspberry-pi-4", "aarch64")
 
 
 def torch_model(name: str) -> Any:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from edgedyn.runtime import sysinfo
-from edgedyn.runtime.bench import BenchConfig, StopRule, latency_stats, peak_rss_mb, random_inputs, run_benchmark, \
-    time_calls
+from edgedyn.runtime.bench import BenchConfig, StopRule, latency_stats, peak_rss_mb, percentile, random_inputs, \
+    run_benchmark, time_calls
 from edgedyn.runtime.errors import EdgedynError
 
 ANSI = re.compile(r"\x1b\[")
@@ -87,6 +87,14 @@ def test_latency_stats_in_milliseconds() -> None:
     assert stats["std"] == pytest.approx(np.std(np.arange(1, 101)))
     with pytest.raises(ValueError):
         latency_stats([])
+
+
+def test_one_percentile_definition_interpolates_between_samples() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5  # the median of an even count: between the middle two
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 90) == pytest.approx(4.6)
+    assert percentile([7.0], 99) == 7.0
+    with pytest.raises(ValueError, match="no samples"):
+        percentile([], 50)
 
 
 def test_peak_rss_grows_with_a_big_allocation() -> None:

@@ -1,19 +1,20 @@
 """GPU artifacts for the Jetsons, built without a GPU: real device code for each arch, or a loud failure."""
-import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
 
+from edgedyn.backends import nvrtc
+from edgedyn.backends.artifact import Build
 from edgedyn.backends.tvm import check_device_code, lower
 from edgedyn.boards import load_board
-from edgedyn.errors import BackendError
+from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.frontend import capture
 from edgedyn.passes import run_pipeline
 from edgedyn.runtime import devices
 
-pytest.importorskip("tvm")
-pytest.importorskip("nvidia.cuda_nvrtc", reason="GPU builds need pip install 'edgedyn[cuda]'")
+pytestmark = pytest.mark.requires("tvm", "nvidia.cuda_nvrtc")
 
 JETSONS = {"jetson-nano": "sm_53", "jetson-xavier-nx": "sm_72", "jetson-orin-nano": "sm_87"}
 
@@ -29,7 +30,8 @@ def small_cnn():
 @pytest.fixture(scope="module")
 def gpu_artifacts(small_cnn):
     program, inputs = small_cnn
-    return {board: lower(program, load_board(board), load_board(board).target("gpu"), inputs) for board in JETSONS}
+    return {board: lower(Build(program=program, board=load_board(board), target=load_board(board).target("gpu"),
+                               tensor_inputs=inputs)) for board in JETSONS}
 
 
 @pytest.mark.parametrize("board, arch", sorted(JETSONS.items()))
@@ -46,16 +48,24 @@ def test_gpu_artifact_holds_ptx_for_the_boards_arch(gpu_artifacts, board, arch):
     assert ptx[:2000] in library  # the device code travels inside the library the TVM runtime loads
 
 
-def test_ptxas_assembles_the_sm87_ptx(gpu_artifacts, tmp_path):
-    ptxas = shutil.which("ptxas")
-    if ptxas is None:
-        pytest.skip("ptxas (CUDA toolkit) is not installed here")
+@pytest.mark.requires("nvidia.cuda_nvcc")  # ptxas, from the nvcc wheel of NVRTC's CUDA release
+@pytest.mark.parametrize("board, arch", sorted(JETSONS.items()))
+def test_ptxas_assembles_the_ptx_for_each_jetson(gpu_artifacts, tmp_path, board, arch):
     source = tmp_path / "kernels.ptx"
-    source.write_bytes(gpu_artifacts["jetson-orin-nano"].files["kernels"])
-    done = subprocess.run([ptxas, "-arch=sm_87", str(source), "-o", str(tmp_path / "kernels.cubin")],
+    source.write_bytes(gpu_artifacts[board].files["kernels"])
+    cubin = tmp_path / "kernels.cubin"
+    done = subprocess.run([nvrtc.ptxas_path(), "-arch=" + arch, str(source), "-o", str(cubin)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "kernels.cubin").stat().st_size > 0
+    assert cubin.read_bytes()[:4] == b"\x7fELF"  # a cubin is an ELF file of device code
+
+
+def test_missing_ptxas_names_the_cuda_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.cuda_nvcc", None)  # as if the nvcc wheel were not installed
+    with pytest.raises(MissingDependencyError) as raised:
+        nvrtc.ptxas_path()
+    assert raised.value.message == "checking PTX needs ptxas from NVIDIA's nvcc wheel, which is not installed"
+    assert "pip install 'edgedyn[cuda]'" in raised.value.hint
 
 
 def test_maxwell_ptx_is_real_maxwell_code(gpu_artifacts):
@@ -117,7 +127,6 @@ def test_fp16_gpu_artifact_records_its_accuracy(tmp_path):
 def test_the_real_gpu_check_builds_for_a_local_gpu_without_one():
     """tests/gpu/check_gpu.py's build half (x86 host, the local GPU's arch) works on a machine with no GPU."""
     import json
-    import sys
     from pathlib import Path
 
     script = Path(__file__).parent / "gpu" / "check_gpu.py"

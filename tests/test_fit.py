@@ -8,10 +8,9 @@ import pytest
 import edgedyn
 import edgedyn.runtime as rt
 from edgedyn.boards import load_board
-from edgedyn.fit import (MB, RUNTIME_OVERHEAD_BYTES, FitError, FitWarning, check_fit, estimate,
-                         measure_overhead_bytes)
+from edgedyn.fit import MB, FitError, FitWarning, check_fit, estimate, measure_overhead_bytes
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, require
 
 BOARDS = Path(__file__).resolve().parents[1] / "boards"
 
@@ -108,13 +107,15 @@ def test_close_to_budget_warns_at_export(tmp_path, monkeypatch):
     assert rt.read_manifest(tmp_path / "loop.edgedyn")["fit"]["status"] == "close"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
-@pytest.mark.parametrize("executor, package", [("portable", "numpy"), ("tvm", "tvm"), ("onnxruntime", "onnxruntime"),
-                                               ("litert", "ai_edge_litert")])
-def test_recorded_runtime_overhead_is_still_what_we_measure(executor, package):
-    pytest.importorskip(package)
-    measured = measure_overhead_bytes(executor)
-    recorded = RUNTIME_OVERHEAD_BYTES[executor]
-    # Library versions move this by a few MB; a change beyond 30% means the constant must be measured again.
-    assert 0.7 * recorded <= measured <= 1.3 * recorded, "measured {:.1f} MB, recorded {:.1f} MB".format(
-        measured / MB, recorded / MB)
+def test_measured_overhead_sees_what_the_executor_imports_hold(monkeypatch):
+    """The measurement itself, on a known load; the real overheads are re-measured by benchmarks/overheads.py."""
+    import edgedyn.fit as fit
+
+    require(sys.platform.startswith("linux"), "measure_overhead_bytes reads /proc/self/status", "run it on Linux")
+    # An "executor" whose import holds 64 MB of touched memory (bytes, not calloc'd zeros, so the pages are real).
+    monkeypatch.setitem(fit._IMPORTS, "holds-64-mb", "held = b'\\x01' * (64 * 1024 * 1024)")
+    baseline = measure_overhead_bytes("portable")
+    loaded = measure_overhead_bytes("holds-64-mb")
+    assert 20 * MB < baseline < loaded  # an interpreter with numpy and the runtime
+    # A few MB of the baseline's freed heap may be reused for the 64 MB: not exact, but never far off.
+    assert 56 * MB <= loaded - baseline <= 72 * MB, "grew {:.1f} MB".format((loaded - baseline) / MB)

@@ -1,4 +1,5 @@
 """The memory planner: table-driven cases, and its checker run on every example and reference model."""
+import json
 from typing import Dict, List, Tuple
 
 import pytest
@@ -6,9 +7,12 @@ import torch
 
 from edgedyn.frontend import capture
 from edgedyn.passes import run_pipeline
-from edgedyn.passes.memory_plan import MemoryPlan, Tensor, check_plan, greedy_by_size, live_peak, make_plan, plan_program
+from edgedyn.passes import memory_plan
+from edgedyn.passes.memory_check import check_plan
+from edgedyn.passes.memory_plan import (MemoryPlan, Tensor, Value, greedy_by_size, live_peak, make_plan,
+                                        plan_program)
 
-from conftest import ALL_MODELS, EXAMPLES
+from conftest import ALL_MODELS, EXAMPLES, require_module
 
 # Reference models beside the examples: (model reference, --input options).
 
@@ -95,6 +99,10 @@ def test_plan_of_every_model_passes_the_checker(model, inplace):
         summary = plan.summary()
         assert {"naive_bytes", "arena_bytes", "lower_bound_bytes"} <= set(summary)
         assert summary["inplace"] == 0 or inplace
+        # The checker sees every stored value with its own lifetime, and the shipped JSON form checks the same.
+        assert sorted(v.name for v in plan.values) == sorted(name for t in plan.tensors for name in t.values)
+        assert sum(v.inplace_of is not None for v in plan.values) == summary["inplace"]
+        check_plan(MemoryPlan.from_dict(json.loads(json.dumps(plan.to_dict()))))
 
 
 def test_mobilenet_v2_batch1_meets_the_targets():
@@ -168,9 +176,93 @@ def test_inspect_memory_prints_the_plan_and_draws_one_rectangle_per_tensor(expor
 def test_inspect_json_has_memory_for_every_backend(export_example, run_cli):
     import json
 
-    pytest.importorskip("tvm")
+    require_module("tvm")
     result = run_cli("inspect", "--json", str(export_example("mlp")))  # TVM: the plan of the graph
     manifest = json.loads(result.stdout)
     for spec in manifest["specializations"]:
         assert spec["memory"]["source"] == "graph"
         assert spec["memory"]["lower_bound_bytes"] <= spec["memory"]["arena_bytes"] <= spec["memory"]["naive_bytes"]
+
+
+# --- the checker sees in-place merges value by value ---
+
+def _forgets_last_use(node, roots, root_of, buffer_of, outputs):
+    """A planted planner bug: writes over the first same-layout argument, even one read again later."""
+    for arg in node.args:
+        name = root_of.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if name is not None and roots[name].meta == roots[node.name].meta and name not in outputs:
+            return name
+    return None
+
+
+def test_checker_catches_a_wrong_inplace_merge(monkeypatch):
+    captured = capture(_ReadAfterActivation(), (torch.randn(4, 4),))
+    program = run_pipeline(captured.specializations[0].program)
+    monkeypatch.setattr(memory_plan, "_inplace_victim", _forgets_last_use)
+    plan = plan_program(program)
+    assert plan.placement["relu"] == plan.placement["mul"]  # the wrong merge was made
+    # Buffer by buffer the plan looks fine: merged values share one lifetime, so nothing overlaps.
+    check_plan(MemoryPlan(plan.tensors, plan.offsets, plan.arena_bytes, plan.naive_bytes, plan.steps))
+    with pytest.raises(AssertionError, match=r"values mul \(bytes 0-64, steps 0-2\) and relu \(bytes 0-64, steps "
+                                             r"1-2\) overlap while both are live: relu overwrites mul in place at "
+                                             r"step 1, but mul is read until step 2"):
+        check_plan(plan)
+
+
+def _one_buffer(values: List[Tuple[str, int, int, int, str]], steps: List[str]) -> MemoryPlan:
+    """Values (name, offset in the buffer, first, last, overwritten value) of 64 bytes each in one 128-byte buffer."""
+    records = [Value(name, 64, first, last, 0, offset, host or None) for name, offset, first, last, host in values]
+    tensor = Tensor("buf", 128, min(v.first for v in records), max(v.last for v in records), "intermediate",
+                    tuple(v.name for v in records))
+    return MemoryPlan([tensor], [0], 128, 128, steps, values=records)
+
+
+RELU_CHAIN = ["aten.convolution.default", "aten.relu.default", "aten.add.Tensor"]
+VALUE_CASES = [
+    # (values, steps, error or None)
+    ([("conv", 0, 0, 1, ""), ("relu", 0, 1, 2, "conv")], RELU_CHAIN, None),
+    ([("conv", 0, 0, 1, ""), ("relu", 0, 1, 2, "conv"), ("add", 0, 2, 2, "relu")], RELU_CHAIN, None),
+    ([("conv", 0, 0, 2, ""), ("relu", 0, 1, 2, "conv")], RELU_CHAIN, "but conv is read until step 2"),
+    ([("conv", 0, 0, 0, ""), ("relu", 0, 0, 2, "conv")], RELU_CHAIN, "but aten.convolution.default is not an "
+                                                                     "in-place op"),
+    ([("conv", 0, 0, 1, ""), ("relu", 32, 1, 2, "conv")], RELU_CHAIN, "but they do not occupy the same bytes"),
+    ([("conv", 0, 0, 1, ""), ("relu", 0, 1, 2, "")], RELU_CHAIN,
+     r"values conv \(bytes 0-64, steps 0-1\) and relu \(bytes 0-64, steps 1-2\) overlap while both are live$"),
+    ([("conv", 0, 0, 1, ""), ("relu", 64, 1, 2, "")], RELU_CHAIN, None),  # side by side in one buffer
+    ([("conv", 0, 0, 1, ""), ("relu", 96, 1, 2, "")], RELU_CHAIN, "placed outside its tensor buf"),
+    ([("conv", 0, 0, 1, ""), ("relu", 0, 1, 2, "gelu")], RELU_CHAIN, "overwrites gelu in place, which the plan"),
+]
+
+
+@pytest.mark.parametrize("values, steps, error", VALUE_CASES)
+def test_checker_value_table(values, steps, error):
+    plan = _one_buffer(values, steps)
+    if error is None:
+        check_plan(plan)
+    else:
+        with pytest.raises(AssertionError, match=error):
+            check_plan(plan)
+
+
+def test_checker_rejects_a_value_outliving_its_buffer():
+    plan = _one_buffer([("conv", 0, 0, 1, "")], RELU_CHAIN)
+    plan.values[0] = Value("conv", 64, 0, 2, 0)
+    with pytest.raises(AssertionError, match=r"value conv \(steps 0-2\) outlives its tensor buf \(steps 0-1\)"):
+        check_plan(plan)
+
+
+def test_debug_export_checks_the_shipped_plan(monkeypatch, tmp_path):
+    import edgedyn
+
+    model, example = _ReadAfterActivation(), (torch.randn(4, 4),)
+    monkeypatch.setenv("EDGEDYN_DEBUG", "1")
+    for backend in ("portable", "onnxruntime"):  # the backend's own plan, and the graph's
+        edgedyn.export(model, example, backend=backend, output=tmp_path / "{}.edgedyn".format(backend))
+    monkeypatch.setattr(memory_plan, "_inplace_victim", _forgets_last_use)
+    monkeypatch.delenv("EDGEDYN_DEBUG")
+    with pytest.raises(Exception, match="torch eager") as unchecked:  # without the checker, only the numbers tell
+        edgedyn.export(model, example, backend="portable", output=tmp_path / "a.edgedyn")
+    assert "overwrites mul in place" not in str(unchecked.value)
+    monkeypatch.setenv("EDGEDYN_DEBUG", "1")
+    with pytest.raises(AssertionError, match="relu overwrites mul in place at step 1, but mul is read until step 2"):
+        edgedyn.export(model, example, backend="portable", output=tmp_path / "b.edgedyn")

@@ -11,7 +11,8 @@ from torch import nn
 import edgedyn
 import edgedyn.runtime as rt
 from edgedyn.errors import BackendError
-from edgedyn.passes.memory_plan import MemoryPlan, Tensor, check_plan
+from edgedyn.passes.memory_check import check_plan
+from edgedyn.passes.memory_plan import MemoryPlan, Tensor
 
 from conftest import ALL_MODELS, RTOL, assert_matches_torch
 
@@ -44,7 +45,9 @@ def test_bundle_is_portable_graph_data_with_a_checked_plan(portable_bundle, mode
         assert artifact["arch"] is None and artifact["executor"] == "portable"
         graph = json.loads(bundle.read(artifact["files"]["graph"]))
         assert graph["steps"] and all(step["op"].startswith("aten.") for step in graph["steps"])
-        assert all(array.dtype == np.float32 for array in bundle.arrays(artifact["files"]["weights"]).values())
+        weights = bundle.arrays(artifact["files"]["weights"])
+        assert weights or model == "loop_example", model  # the one example without parameters
+        assert all(array.dtype == np.float32 for array in weights.values())
         plan = json.loads(bundle.read(spec["memory"]["plan"]))
         assert plan["arena_bytes"] == graph["arena_bytes"] == spec["memory"]["arena_bytes"]
         tensors = [Tensor(t["name"], t["size"], t["first"], t["last"], t["kind"]) for t in plan["tensors"]]
@@ -137,7 +140,7 @@ def test_runtime_modules_import_nothing_but_numpy():
     code = ("import sys; sys.modules['torch'] = None\n"
             "import edgedyn.runtime.executors.portable, edgedyn.runtime.kernels\n"
             "print(sorted(m for m in sys.modules if m.startswith('edgedyn') and not m.startswith('edgedyn.runtime')"
-            " and m != 'edgedyn'))")
+            " and m not in ('edgedyn', 'edgedyn.version')))")  # the package and its version string: no host code
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=str(Path(__file__).resolve().parents[1]))
     assert result.returncode == 0, result.stderr

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 import edgedyn
+from edgedyn.registry import quantizing_backends
 from edgedyn.errors import EdgedynError
 from edgedyn.quantize.accuracy import output_metrics, parse_gate
 from edgedyn.runtime.format import Bundle
 
 from conftest import EXAMPLES
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("tflite")
+pytestmark = pytest.mark.requires("onnxruntime", "tflite")
 
 # (model reference, --input, one calibration sample's shape)
 MODELS = {
@@ -21,7 +21,7 @@ MODELS = {
     "mobilenet_v2": ("mobilenet_v2.py:MobileNetV2", ["x=1x3x96x96"], (1, 3, 96, 96)),
     "mlp": ("mlp.py:MLP", ["x=1x64", "x=8x64"], (1, 64)),
 }
-BACKENDS = ("onnxruntime", "tflite")
+BACKENDS = quantizing_backends()
 
 
 def calibration(shape, count=40, seed=0):
@@ -156,6 +156,28 @@ def test_the_gate_fails_with_the_measured_numbers(tmp_path, bound):
     assert not (tmp_path / "x.edgedyn").exists()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_default_gate_fails_a_broken_calibration_with_the_numbers(tmp_path, backend):
+    # Calibration data 10,000x smaller than the real inputs: every activation range is far too narrow, so real
+    # inputs saturate. Without --max-accuracy-drop the export must still refuse to ship that model.
+    reference, inputs, shape = MODELS["tiny_cnn"]
+    broken = [(x * 1e-4,) for (x,) in calibration(shape)]
+    with pytest.raises(EdgedynError) as raised:
+        edgedyn.export(str(EXAMPLES / reference), inputs=inputs, backend=backend, quantize="int8", calibration=broken,
+                       eval_inputs=calibration(shape, count=32, seed=7), output=tmp_path / "x.edgedyn")
+    message = raised.value.message
+    assert "misses the default accuracy gate of --quantize (cosine=0.99)" in message, message
+    assert "cosine" in message and "held-out sample(s)" in message and "no bundle was written" in message
+    assert "--max-accuracy-drop" in raised.value.hint
+    assert not (tmp_path / "x.edgedyn").exists()
+
+
+def test_a_default_gate_that_passes_is_recorded(quantized):
+    for record in quantization_records(quantized("tiny_cnn", "onnxruntime")):
+        assert record["accuracy"]["gate"] == {"min_cosine": 0.99}
+        assert record["accuracy"]["gate_source"] == "default"
+
+
 def test_a_reachable_gate_passes_and_is_recorded(tmp_path):
     reference, inputs, shape = MODELS["tiny_cnn"]
     path = edgedyn.export(str(EXAMPLES / reference), inputs=inputs, backend="onnxruntime", quantize="int8",
@@ -226,5 +248,9 @@ def test_metrics_and_gate_parsing():
     assert metrics["top1_agreement"] == 0.5 and metrics["max_abs_error"] == pytest.approx(0.9)
     assert 0 < metrics["cosine"] < 1
     assert parse_gate("top1=1%,cosine=0.99").to_dict() == {"top1_drop": 0.01, "min_cosine": 0.99}
+    # top-1 numbers are percent with or without the sign: top1=1 is 1%, never 100%.
+    assert parse_gate("top1=1").to_dict() == {"top1_drop": 0.01}
+    assert parse_gate("top1=0.5").to_dict() == {"top1_drop": 0.005}
+    assert parse_gate("top1=100").to_dict() == {"top1_drop": 1.0}
     with pytest.raises(EdgedynError, match="keys are top1, cosine, max_abs"):
         parse_gate("accuracy=1%")

@@ -12,8 +12,7 @@ from edgedyn.errors import BackendError
 
 from conftest import ALL_MODELS, EXAMPLES, RTOL, assert_matches_torch
 
-pytest.importorskip("ai_edge_litert")
-pytest.importorskip("tflite")
+pytestmark = pytest.mark.requires("ai_edge_litert", "tflite")
 
 
 @pytest.fixture(scope="module")

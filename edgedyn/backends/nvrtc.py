@@ -39,6 +39,19 @@ def _include_dirs() -> List[str]:
     return [os.path.join(list(package.__path__)[0], "include") for package in (cccl, cudart)]
 
 
+def ptxas_path() -> str:
+    """ptxas from NVIDIA's nvcc wheel of the same CUDA release as NVRTC: assembles the PTX to check it (no GPU)."""
+    try:
+        import nvidia.cuda_nvcc as package
+    except ImportError:
+        raise MissingDependencyError("checking PTX needs ptxas from NVIDIA's nvcc wheel, which is not installed",
+                                     hint=_INSTALL_HINT)
+    path = os.path.join(list(package.__path__)[0], "bin", "ptxas")
+    if not os.access(path, os.X_OK):
+        raise MissingDependencyError("no executable ptxas at {}".format(path), hint=_INSTALL_HINT)
+    return path
+
+
 def version() -> str:
     lib = _library()
     major, minor = ctypes.c_int(), ctypes.c_int()

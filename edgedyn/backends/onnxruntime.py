@@ -7,11 +7,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from edgedyn.backends import Artifact
-from edgedyn.boards import Board, Target
+from edgedyn.backends.artifact import Artifact, Build
+from edgedyn.boards import Board
 from edgedyn.errors import BackendError, MissingDependencyError
+from edgedyn.runtime.program import FP32_TOLERANCE
 
-TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
 # Opset 18 needs IR version 8; onnxruntime runs it since 1.14 (pyproject asks for >= 1.16, checked with 1.16.3):
 # old enough for the boards' wheels (Python 3.8 on aarch64 stops at onnxruntime 1.19), new enough for
 # LayerNormalization & co.
@@ -50,10 +50,10 @@ def execution_providers(board: Board) -> List[str]:
     return providers + ["CPUExecutionProvider"]
 
 
-def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str],
-          quantization: Optional[Any] = None) -> Artifact:
+def lower(build: Build) -> Artifact:
     """Exports the program to ONNX, applies onnxruntime's portable graph optimizations and returns the model file;
-    with `quantization` (edgedyn.quantize.Quantization), the model is quantized to int8 after that."""
+    with `build.quantization` (edgedyn.quantize.Quantization), the model is quantized to int8 after that."""
+    program, board, tensor_inputs, quantization = build.program, build.board, build.tensor_inputs, build.quantization
     onnx, onnxruntime = _import_onnx()
     output_names = ["output_{}".format(i) for i in range(len(program.graph_signature.user_outputs))]
     model = _export(onnx, program, tensor_inputs, output_names)
@@ -76,7 +76,7 @@ def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str],
         meta={"opset": OPSET, "ir_version": model.ir_version, "input_names": list(tensor_inputs),
               "output_names": output_names, "execution_providers": execution_providers(board),
               "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": OFFLINE_LEVEL},
-              "tolerance": dict(TOLERANCE), "requires": {"python": ["onnxruntime>={}".format(MIN_ONNXRUNTIME)]},
+              "tolerance": dict(FP32_TOLERANCE), "requires": {"python": ["onnxruntime>={}".format(MIN_ONNXRUNTIME)]},
               **extra},
     )
 
@@ -85,7 +85,7 @@ def _export(onnx: Any, program: Any, tensor_inputs: List[str], output_names: Lis
     """torch's dynamo ONNX exporter over the ExportedProgram, inputs and outputs named as in the manifest."""
     import torch
 
-    from edgedyn.frontend import quiet_torch
+    from edgedyn.torch_quiet import quiet_torch
 
     try:
         with quiet_torch():

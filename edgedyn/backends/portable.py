@@ -5,27 +5,26 @@ view of one arena laid out by `edgedyn.passes.memory_plan`. Needs only numpy >= 
 board, so it runs where no compiled runtime installs (a Jetson Nano on its stock Python).
 """
 import json
-from typing import Any, Dict, List, Optional, Tuple  # noqa: F401 (type comments)
+from typing import Any, Dict, List, Optional  # noqa: F401 (type comments)
 
 import numpy as np
 import torch
 from torch import fx
 
-from edgedyn.backends import Artifact
-from edgedyn.boards import Board, Target
+from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.errors import BackendError
-from edgedyn.passes.memory_plan import (MemoryPlan, extent_bytes, graph_tensors, is_step, op_name, tensor_args,
-                                        tensor_meta)
+from edgedyn.passes.memory_plan import (MemoryPlan, extent_bytes, graph_tensors, is_step, op_name, storage_roots,
+                                        tensor_args, tensor_meta)
 from edgedyn.runtime import kernels
+from edgedyn.runtime.executors.portable import GRAPH_FORMAT, GRAPH_FORMAT_VERSION
 from edgedyn.runtime.format import pack_arrays
-
-FORMAT = "edgedyn-portable-graph"
-FORMAT_VERSION = 1
-TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
+from edgedyn.runtime.program import FP32_TOLERANCE
 
 
-def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) -> Artifact:
+
+def lower(build: Build) -> Artifact:
     """Writes the program as a JSON graph plus an `.npz` of weights, with its memory plan."""
+    program = build.program
     from torch.export.graph_signature import InputKind
 
     signature = program.graph_signature
@@ -49,7 +48,7 @@ def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str]) 
         files={"graph": json.dumps(graph, sort_keys=True).encode("utf-8"), "weights": pack_arrays(weights),
                "plan": json.dumps(plan.to_dict(), sort_keys=True).encode("utf-8")},
         file_names={"graph": "graph.json", "weights": "weights.npz", "plan": "memory_plan.json"},
-        meta={"tolerance": dict(TOLERANCE), "memory": plan.summary(), "requires": {"python": ["numpy>=1.19"]}},
+        meta={"tolerance": dict(FP32_TOLERANCE), "memory": plan.summary(), "requires": {"python": ["numpy>=1.19"]}},
     )
 
 
@@ -105,31 +104,18 @@ def _graph_record(graph: fx.Graph, plan: MemoryPlan, user_inputs: List[str], wei
     """Values (each a view of the arena or of a weight), steps and the arena size, as JSON."""
     values = []  # type: List[Dict[str, Any]]
     index_of = {}  # type: Dict[fx.Node, int]
-    base_of = {}  # type: Dict[fx.Node, Tuple[str, Any]]  # node -> ("arena", root value name) or ("weight", key)
-    offsets = plan.offsets
-    for node in graph.nodes:
-        if node.op == "placeholder":
-            base_of[node] = ("arena", node.name) if node.name in user_inputs else ("weight", weight_key[node.name])
-        elif node.op == "call_function" and not is_step(node):
-            base = node.args[0]
-            if op_name(node) == "getitem" and is_step(base):
-                base_of[node] = ("arena", "{}.{}".format(base.name, node.args[1]))
-            else:
-                base_of[node] = base_of[base]
-        elif node.op == "call_function":
-            base_of[node] = ("arena", node.name)
-        else:
-            continue
+    offsets, placement = plan.offsets, plan.placement
+    for node, storage in storage_roots(graph, user_inputs).items():
         value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor):
+        if storage is None or not isinstance(value, torch.Tensor):
             continue
         shape, strides, storage_offset, dtype, itemsize = tensor_meta(value)
-        kind, root = base_of[node]
+        kind, root = storage
         record = {"name": node.name, "shape": list(shape), "strides": list(strides), "dtype": dtype}
         if kind == "weight":
-            record.update(weight=root, offset=storage_offset)
+            record.update(weight=weight_key[root], offset=storage_offset)
         else:
-            tensor, within = plan.placement[root]
+            tensor, within = placement[root]
             record.update(offset_bytes=offsets[tensor] + within + storage_offset * itemsize)
         index_of[node] = len(values)
         values.append(record)
@@ -151,8 +137,8 @@ def _graph_record(graph: fx.Graph, plan: MemoryPlan, user_inputs: List[str], wei
                       "scratch": scratch})
     output = next(node for node in graph.nodes if node.op == "output")
     return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format": GRAPH_FORMAT,
+        "format_version": GRAPH_FORMAT_VERSION,
         "arena_bytes": plan.arena_bytes,
         "alignment": plan.alignment,
         "values": values,

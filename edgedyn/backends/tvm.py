@@ -8,12 +8,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from edgedyn.backends import Artifact
-from edgedyn.boards import Board, Target
+from edgedyn.backends.artifact import Artifact, Build
+from edgedyn.boards import Target
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.runtime.format import cache_dir, host_arch, pack_arrays
+from edgedyn.runtime.program import FP32_TOLERANCE
 
-TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
 
 
 def _import_tvm() -> Any:
@@ -26,19 +26,20 @@ def _import_tvm() -> Any:
     return tvm
 
 
-def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str], precision: str = "fp32",
-          reference: Optional[bytes] = None) -> Artifact:
-    """Imports the program into Relax, builds it for `target` and returns the shared library and weights."""
+def lower(build: Build) -> Artifact:
+    """Imports the program into Relax, builds it for the build's target (CPU, or CUDA through `lower_cuda`) and
+    returns the shared library and weights."""
+    program, target = build.program, build.target
     if target.kind == "cuda":
-        return lower_cuda(program, target, tensor_inputs, precision, reference)
-    if precision != "fp32":
-        raise BackendError("--precision {} is for GPU artifacts; the TVM CPU build computes in fp32".format(precision),
-                           hint="drop --precision, or export for a board with a GPU")
+        return lower_cuda(program, target, build.tensor_inputs, build.precision, build.reference)
+    if build.precision != "fp32":
+        raise BackendError("--precision {} is for GPU artifacts; the TVM CPU build computes in fp32".format(
+            build.precision), hint="drop --precision, or export for a board with a GPU")
     tvm = _import_tvm()
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
-    from edgedyn.frontend import quiet_torch
+    from edgedyn.torch_quiet import quiet_torch
 
     try:
         with quiet_torch():
@@ -62,7 +63,7 @@ def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str], 
         target=target.name,
         files={"library": library, "weights": pack_arrays(dict(zip(order, weights)))},
         file_names={"library": "model.so", "weights": "weights.npz"},
-        meta={"weight_order": order, "tvm_target": target.to_dict()["tvm"], "tolerance": dict(TOLERANCE),
+        meta={"weight_order": order, "tvm_target": target.to_dict()["tvm"], "tolerance": dict(FP32_TOLERANCE),
               "requires": {"python": ["apache-tvm"]}},
     )
 
@@ -143,7 +144,7 @@ def lower_cuda(program: Any, target: Target, tensor_inputs: List[str], precision
                runtime="apache-tvm built with CUDA (its CUDA runtime calls CUDA 12 driver functions)")
     meta = {"weight_order": result["weight_order"], "tvm_target": target.to_dict()["tvm"],
             "tvm_host": target.to_dict()["tvm_host"], "gpu": gpu, "precision": precision,
-            "tolerance": dict(TOLERANCE) if precision == "fp32" else {"rtol": 1e-2, "atol": 1e-3},
+            "tolerance": dict(FP32_TOLERANCE) if precision == "fp32" else {"rtol": 1e-2, "atol": 1e-3},
             "requires": {"python": ["apache-tvm (with CUDA)"], "cuda_driver": facts["min_cuda_driver"],
                          "compute_capability": arch.replace("sm_", "")[:-1] + "." + arch[-1]}}
     if "accuracy" in result:

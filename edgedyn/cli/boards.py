@@ -109,7 +109,8 @@ def _describe(board: Board) -> List[str]:
         ("jetpack", _optional(board.jetpack)),
         ("glibc", board.glibc),
         ("emulation", "-" if board.qemu_cpu is None else "qemu-aarch64-static -cpu {}".format(board.qemu_cpu)),
-        ("backends", ", ".join(board.backends) + " (in order of preference)"),
+        ("backends", ", ".join(board.backends) + " (CPU artifact, in order of preference)"),
+        ("gpu code", ", ".join(board.gpu_backends) or "-"),
         ("file", str(board.path)),
     ]
     lines = ["{}: {}".format(board.name, board.description)]

@@ -5,6 +5,7 @@ from typing import List, Optional
 import typer
 from typing_extensions import Annotated
 
+from edgedyn.registry import AUTO, backends_help, quantizing_backends
 from edgedyn.cli.common import err, human_bytes, out, output_file, progress
 
 
@@ -18,10 +19,7 @@ def export_command(
                               "Repeat a name for another specialization, e.g. -i x=1x3x64x64 -i x=8x3x64x64. "
                               "Default: the model file's example_inputs().")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Bundle file to write.")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="tvm|onnxruntime|tflite|portable|auto. auto: on this "
-                                          "machine's own board, build each installed backend, verify and time it "
-                                          "and keep the fastest; for another board, follow its backends.preference.")]
-    = "auto",
+    backend: Annotated[str, typer.Option("--backend", help=backends_help())] = AUTO,
     device: Annotated[str, typer.Option(help="auto: on a board with a GPU, GPU code first and the CPU artifact as "
                                              "fallback; gpu or cpu: only that one.")] = "auto",
     precision: Annotated[str, typer.Option(help="fp32, or fp16 for GPU artifacts (accuracy is recorded).")] = "fp32",
@@ -30,8 +28,8 @@ def export_command(
     = True,
     quantize: Annotated[Optional[str], typer.Option(help="int8: int8 weights (per output channel) and activations "
                                                          "(scales from --calibration); int8-weights: int8 weights, "
-                                                         "activations quantized at run time. onnxruntime and tflite "
-                                                         "only.")] = None,
+                                                         "activations quantized at run time. Backends: {}.".format(
+                                                             ", ".join(quantizing_backends())))] = None,
     calibration: Annotated[Optional[str], typer.Option(help="Calibration inputs for --quantize int8: a folder of "
                                                             ".npy files, an .npz, or path.py:fn returning input "
                                                             "tuples; 'random' for random normal inputs (smoke tests "
@@ -40,8 +38,10 @@ def export_command(
                                                        "(same formats as --calibration); default: held-out "
                                                        "calibration samples.")] = None,
     max_accuracy_drop: Annotated[Optional[str], typer.Option("--max-accuracy-drop", help="Fail the export when the "
-                                                             "quantized model misses a bound: top1=1% (top-1 drop), "
-                                                             "cosine=0.99 (minimum), max_abs=0.05; comma-separated.")]
+                                                             "quantized model misses a bound: top1=1% (top-1 drop, "
+                                                             "always in percent: top1=1 is 1%), cosine=0.99 "
+                                                             "(minimum), max_abs=0.05; comma-separated. Default: "
+                                                             "cosine=0.99 on every output.")]
     = None,
     sign: Annotated[Optional[Path], typer.Option("--sign", help="Sign the bundle with this Ed25519 private key "
                                                  "(`edgedyn keygen`); boards check it with --trusted-keys.")] = None,

@@ -3,16 +3,11 @@
 Python control flow is unrolled and Python scalars are specialized; every assumption this makes (each input's
 dtype and sizes, each scalar's value) becomes a guard that the runtime checks on every call.
 """
-import contextlib
 import inspect
-import io
-import logging
-import os
 import traceback
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -22,6 +17,7 @@ from edgedyn.frontend.inputs import InputSet, TensorSpec, normalize_examples, pa
 from edgedyn.frontend.loading import load_reference, resolve_model
 from edgedyn.frontend.outputs import flatten_output
 from edgedyn.runtime import guards as guard_records
+from edgedyn.torch_quiet import quiet_torch
 
 __all__ = ["Captured", "Specialization", "capture", "parse_input_options"]
 
@@ -242,27 +238,6 @@ def _export(wrapper: torch.nn.Module, args: Tuple[torch.Tensor, ...], name: str)
             return torch.export.export(wrapper, args, strict=False)
         except Exception as error:
             raise _explain_export_failure(error, name) from error
-
-
-@contextlib.contextmanager
-def quiet_torch() -> Iterator[None]:
-    """Silences torch.export's own log lines and FutureWarnings (we explain failures ourselves)."""
-    if os.environ.get("EDGEDYN_DEBUG"):
-        yield
-        return
-    # torch configures levels on many child loggers, so the parent's level alone does not silence them.
-    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.split(".")[0] == "torch"]
-    levels = [(logger, logger.level) for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
-    try:
-        # torch.export also print()s the partial graph to stderr when it fails.
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for logger, level in levels:
-            logger.setLevel(level)
 
 
 _DATA_DEPENDENT = ("data-dependent", "data dependent", "GuardOnDataDependentSymNode", "Could not guard on")

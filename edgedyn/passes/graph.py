@@ -84,7 +84,7 @@ def example_args(gm: fx.GraphModule) -> Tuple[torch.Tensor, ...]:
 
 def reexport(gm: fx.GraphModule, args: Tuple[torch.Tensor, ...]) -> "torch.export.ExportedProgram":
     """Back to an ExportedProgram in core ATen (what the backends take)."""
-    from edgedyn.frontend import quiet_torch
+    from edgedyn.torch_quiet import quiet_torch
 
     with quiet_torch():
         return torch.export.export(gm, args, strict=False).run_decompositions()

@@ -6,11 +6,13 @@ its own. Elementwise ops write over an input whose last use they are (in-place r
 
 A plan counts every tensor the executor writes: the graph inputs (copied into the arena on each call), the
 intermediates, the outputs (live to the end) and per-op scratch (`workspace`, live during its op only). Weights
-are not in the arena. `check_plan` verifies a plan without trusting the planner.
+are not in the arena. `check_plan` verifies a plan without trusting the planner, value by value: each graph
+value keeps its own lifetime, so a wrong in-place merge shows as two live values sharing bytes. The checker is
+passes/memory_check.py, apart from the planner so that it trusts none of it.
 """
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import fx
@@ -53,6 +55,19 @@ class Tensor:
     values: Tuple[str, ...] = ()  # graph values stored here (more than one after in-place reuse)
 
 
+@dataclass(frozen=True)
+class Value:
+    """One graph value stored in the arena: its own lifetime and where in which tensor it lives."""
+
+    name: str
+    size: int  # bytes
+    first: int  # the step that writes it (0 for a graph input)
+    last: int  # its last read (the last step for a graph output)
+    tensor: int  # index of its buffer in MemoryPlan.tensors
+    offset: int = 0  # bytes from the start of that buffer
+    inplace_of: Optional[str] = None  # the value it overwrites in place; that value's last read is our `first`
+
+
 @dataclass
 class MemoryPlan:
     """Tensors with arena offsets, and the three numbers people compare."""
@@ -63,7 +78,12 @@ class MemoryPlan:
     naive_bytes: int  # every value and scratch buffer in its own allocation, no reuse at all
     steps: List[str]  # op of each step, in execution order
     alignment: int = ALIGNMENT
-    placement: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # value -> (tensor index, byte offset)
+    values: List[Value] = field(default_factory=list)  # graph values with their own lifetimes
+
+    @property
+    def placement(self) -> Dict[str, Tuple[int, int]]:
+        """value -> (tensor index, byte offset within that tensor)."""
+        return {v.name: (v.tensor, v.offset) for v in self.values}
 
     @property
     def lower_bound_bytes(self) -> int:
@@ -90,7 +110,19 @@ class MemoryPlan:
         """The whole plan as JSON (a bundle member; what `edgedyn inspect --memory` draws)."""
         return dict(self.summary(), step_ops=list(self.steps), tensors=[
             {"name": t.name, "kind": t.kind, "size": t.size, "first": t.first, "last": t.last, "offset": offset,
-             "values": list(t.values)} for t, offset in zip(self.tensors, self.offsets)])
+             "values": list(t.values)} for t, offset in zip(self.tensors, self.offsets)],
+            values=[{"name": v.name, "size": v.size, "first": v.first, "last": v.last, "tensor": v.tensor,
+                     "offset": v.offset, "inplace_of": v.inplace_of} for v in self.values])
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "MemoryPlan":
+        """The plan `to_dict` wrote (a bundle's memory_plan.json), to check it again."""
+        tensors = [Tensor(t["name"], t["size"], t["first"], t["last"], t["kind"], tuple(t["values"]))
+                   for t in data["tensors"]]
+        values = [Value(v["name"], v["size"], v["first"], v["last"], v["tensor"], v["offset"], v["inplace_of"])
+                  for v in data.get("values", [])]
+        return cls(tensors, [t["offset"] for t in data["tensors"]], data["arena_bytes"], data["naive_bytes"],
+                   list(data["step_ops"]), data["alignment"], values)
 
 
 def live_peak(tensors: Sequence[Tensor]) -> Tuple[int, int]:
@@ -138,47 +170,14 @@ def greedy_by_size(tensors: Sequence[Tensor], alignment: int = ALIGNMENT) -> Lis
 
 
 def make_plan(tensors: Sequence[Tensor], steps: Sequence[str], naive_bytes: Optional[int] = None,
-              placement: Optional[Dict[str, Tuple[int, int]]] = None, alignment: int = ALIGNMENT) -> MemoryPlan:
+              values: Sequence[Value] = (), alignment: int = ALIGNMENT) -> MemoryPlan:
     """Places `tensors` with greedy_by_size and returns the plan."""
     tensors = list(tensors)
     offsets = greedy_by_size(tensors, alignment)
     arena = max([offset + _aligned(t.size, alignment) for t, offset in zip(tensors, offsets)] + [0])
     naive = sum(t.size for t in tensors) if naive_bytes is None else naive_bytes
-    return MemoryPlan(tensors, offsets, arena, naive, list(steps), alignment, dict(placement or {}))
+    return MemoryPlan(tensors, offsets, arena, naive, list(steps), alignment, list(values))
 
-
-def check_plan(plan: MemoryPlan) -> None:
-    """Raises AssertionError naming the tensors when two live at one step overlap in the arena, or one lies outside."""
-    items = sorted((offset, index) for index, offset in enumerate(plan.offsets) if plan.tensors[index].size > 0)
-    for offset, index in items:
-        tensor = plan.tensors[index]
-        if offset % plan.alignment or offset < 0 or offset + tensor.size > plan.arena_bytes:
-            raise AssertionError("tensor {} at offset {} (+{} bytes) lies outside the {}-byte arena or is not "
-                                 "{}-aligned".format(tensor.name, offset, tensor.size, plan.arena_bytes, plan.alignment))
-        if tensor.first > tensor.last:
-            raise AssertionError("tensor {} dies (step {}) before it is made (step {})".format(
-                tensor.name, tensor.last, tensor.first))
-    # Sorted by offset: a tensor can only collide with those starting before its end.
-    for position, (offset, index) in enumerate(items):
-        a = plan.tensors[index]
-        for other_offset, other in items[position + 1:]:
-            if other_offset >= offset + a.size:
-                break
-            b = plan.tensors[other]
-            if _overlap(a, b):
-                raise AssertionError(
-                    "tensors {} (bytes {}-{}, steps {}-{}) and {} (bytes {}-{}, steps {}-{}) overlap while both "
-                    "are live".format(a.name, offset, offset + a.size, a.first, a.last, b.name, other_offset,
-                                      other_offset + b.size, b.first, b.last))
-    if plan.arena_bytes < plan.lower_bound_bytes:
-        raise AssertionError("arena of {} bytes is below the lower bound {}".format(plan.arena_bytes,
-                                                                                    plan.lower_bound_bytes))
-    for value, (index, byte_offset) in plan.placement.items():
-        if not 0 <= index < len(plan.tensors) or byte_offset < 0 or byte_offset > plan.tensors[index].size:
-            raise AssertionError("value {} is placed outside its tensor".format(value))
-
-
-# --- from an exported graph to tensors with lifetimes ---
 
 def op_name(node: fx.Node) -> str:
     """`aten.convolution.default`, `getitem`: the name kernels and the op sets above use."""
@@ -223,6 +222,33 @@ def is_step(node: fx.Node) -> bool:
     return node.op == "call_function" and op_name(node) != "getitem" and op_name(node) not in ALIAS_OPS
 
 
+Storage = Tuple[str, str]  # ("arena", stored value) or ("weight", placeholder name)
+
+
+def storage_roots(graph: fx.Graph, user_inputs: Sequence[str]) -> Dict[fx.Node, Optional[Storage]]:
+    """Where each node's elements live; None for values that are not tensors.
+
+    Note: this is the one alias rule, read by the planner and by the portable backend. A view (ALIAS_OPS) and
+    getitem of a view's tuple (split, unbind) live in their base's storage; getitem of a step's tuple is a stored
+    value of its own, named `step.index`; a step's tensor result and a model input are stored values.
+    """
+    storage = {}  # type: Dict[fx.Node, Optional[Storage]]
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            storage[node] = ("arena", node.name) if node.name in user_inputs else ("weight", node.name)
+        elif node.op == "call_function":
+            base = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+            if op_name(node) in ALIAS_OPS or (op_name(node) == "getitem" and base is not None and not is_step(base)):
+                storage[node] = storage.get(base) if base is not None else None
+            elif not isinstance(node.meta.get("val"), torch.Tensor):
+                storage[node] = None  # a tuple's used outputs are stored through their getitem nodes
+            elif op_name(node) == "getitem":
+                storage[node] = ("arena", "{}.{}".format(base.name, node.args[1]))
+            else:
+                storage[node] = ("arena", node.name)
+    return storage
+
+
 def graph_tensors(graph: fx.Graph, user_inputs: Sequence[str],
                   workspace: Optional[Workspace] = None, inplace: bool = True) -> MemoryPlan:
     """Lifetimes of every tensor the graph's steps write, with in-place reuse, placed by greedy_by_size.
@@ -234,36 +260,15 @@ def graph_tensors(graph: fx.Graph, user_inputs: Sequence[str],
     step_of = {node: index for index, node in enumerate(steps)}
     last_step = max(len(steps) - 1, 0)
     roots = {}  # type: Dict[str, _Root]  # one per stored value
-    root_of = {}  # type: Dict[fx.Node, Optional[str]]  # None for weights
-    for node in nodes:
-        if node.op == "placeholder":
-            if node.name in user_inputs:
-                meta = tensor_meta(node.meta["val"])
-                roots[node.name] = _Root(node.name, extent_bytes(meta[0], meta[1], meta[4]), "input", 0, 0, meta)
-                root_of[node] = node.name
-            else:
-                root_of[node] = None
-        elif node.op == "call_function":
-            base = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-            if op_name(node) in ALIAS_OPS or (op_name(node) == "getitem" and base is not None and not is_step(base)):
-                root_of[node] = root_of[base] if base is not None else None
-            elif op_name(node) == "getitem":
-                if not isinstance(node.meta.get("val"), torch.Tensor):
-                    root_of[node] = None
-                    continue
-                root_of[node] = "{}.{}".format(base.name, node.args[1])
-                meta = tensor_meta(node.meta["val"])
-                roots[root_of[node]] = _Root(root_of[node], extent_bytes(meta[0], meta[1], meta[4]),
-                                             "intermediate", step_of[base], step_of[base], meta)
-            else:
-                value = node.meta.get("val")
-                if not isinstance(value, torch.Tensor):
-                    root_of[node] = None  # a tuple's used outputs become roots through their getitem nodes
-                    continue
-                meta = tensor_meta(value)
-                roots[node.name] = _Root(node.name, extent_bytes(meta[0], meta[1], meta[4]), "intermediate",
-                                         step_of[node], step_of[node], meta)
-                root_of[node] = node.name
+    root_of = {}  # type: Dict[fx.Node, Optional[str]]  # None for weights and non-tensors
+    for node, where in storage_roots(graph, user_inputs).items():
+        root_of[node] = where[1] if where is not None and where[0] == "arena" else None
+        if root_of[node] is None or root_of[node] in roots:
+            continue  # a weight, a non-tensor, or a view of a value already stored
+        meta = tensor_meta(node.meta["val"])
+        first = 0 if node.op == "placeholder" else step_of[node if is_step(node) else node.args[0]]
+        roots[root_of[node]] = _Root(root_of[node], extent_bytes(meta[0], meta[1], meta[4]),
+                                     "input" if node.op == "placeholder" else "intermediate", first, first, meta)
     for node in steps:
         for arg in tensor_args(node):
             name = root_of.get(arg)
@@ -275,16 +280,19 @@ def graph_tensors(graph: fx.Graph, user_inputs: Sequence[str],
         roots[name].last = last_step
         if roots[name].kind == "intermediate":
             roots[name].kind = "output"
+    lifetimes = {name: (root.first, root.last) for name, root in roots.items()}  # before merges extend them
     naive = sum(root.size for root in roots.values())
     buffer_of = {name: name for name in roots}  # root -> the root whose buffer it shares
     members = {name: [name] for name in roots}  # type: Dict[str, List[str]]
+    overwrites = {}  # type: Dict[str, str]  # value -> the value it writes over in place
     workspaces = []  # type: List[Tensor]
     for node in steps:
         step = step_of[node]
         if inplace and op_name(node) in INPLACE_OPS and node.name in roots:
-            host = _inplace_host(node, roots, root_of, buffer_of, outputs)
-            if host is not None:
-                buffer_of[node.name] = host
+            victim = _inplace_victim(node, roots, root_of, buffer_of, outputs)
+            if victim is not None:
+                host = buffer_of[victim]
+                buffer_of[node.name], overwrites[node.name] = host, victim
                 members[host].append(node.name)
                 roots[host].last = max(roots[host].last, roots[node.name].last)
                 if roots[node.name].kind == "output":
@@ -292,19 +300,20 @@ def graph_tensors(graph: fx.Graph, user_inputs: Sequence[str],
         for index, size in enumerate(workspace(node) if workspace else []):
             workspaces.append(Tensor("{}.scratch{}".format(node.name, index), size, step, step, "workspace"))
             naive += size
-    tensors, placement = [], {}  # type: List[Tensor], Dict[str, Tuple[int, int]]
+    tensors, values = [], []  # type: List[Tensor], List[Value]
     for name, root in roots.items():
         if buffer_of[name] != name:
             continue
         for member in members[name]:
-            placement[member] = (len(tensors), 0)
+            first, last = lifetimes[member]
+            values.append(Value(member, roots[member].size, first, last, len(tensors), 0, overwrites.get(member)))
         tensors.append(Tensor(name, root.size, root.first, root.last, root.kind, tuple(members[name])))
-    return make_plan(tensors + workspaces, [op_name(node) for node in steps], naive, placement)
+    return make_plan(tensors + workspaces, [op_name(node) for node in steps], naive, values)
 
 
-def _inplace_host(node: fx.Node, roots: Dict[str, _Root], root_of: Dict[fx.Node, Optional[str]],
-                  buffer_of: Dict[str, str], outputs: Any) -> Optional[str]:
-    """The buffer `node` may write over: an argument that is a whole buffer, read for the last time here."""
+def _inplace_victim(node: fx.Node, roots: Dict[str, _Root], root_of: Dict[fx.Node, Optional[str]],
+                    buffer_of: Dict[str, str], outputs: Any) -> Optional[str]:
+    """The stored value `node` may write over: an argument that is a whole buffer, read for the last time here."""
     out_meta = roots[node.name].meta
     candidates = [arg for arg in node.args if isinstance(arg, fx.Node)]
     for arg in candidates:
@@ -313,19 +322,15 @@ def _inplace_host(node: fx.Node, roots: Dict[str, _Root], root_of: Dict[fx.Node,
             continue
         host = buffer_of[name]
         meta = tensor_meta(arg.meta["val"])
-        if meta != out_meta or roots[name].meta != meta or roots[host].last != node_step(roots, node):
+        if meta != out_meta or roots[name].meta != meta or roots[host].last != roots[node.name].first:
             continue
         # Another argument viewing the same buffer differently would be overwritten while still read.
         others = [o for o in tensor_args(node) if o is not arg and root_of.get(o) is not None
                   and buffer_of[root_of[o]] == host]
         if any(tensor_meta(o.meta["val"]) != meta for o in others):
             continue
-        return host
+        return name
     return None
-
-
-def node_step(roots: Dict[str, _Root], node: fx.Node) -> int:
-    return roots[node.name].first
 
 
 def plan_program(program: Any, workspace: Optional[Workspace] = None, inplace: bool = True) -> MemoryPlan:

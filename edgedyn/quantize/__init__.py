@@ -9,19 +9,18 @@ not as a pass over the ATen graph. Why each path:
 - tflite: our own .tflite writer emits int8 tensors with per-channel scales feeding CONV_2D, DEPTHWISE_CONV_2D
   and FULLY_CONNECTED, and QUANTIZE/DEQUANTIZE where float ops remain; LiteRT hands those to XNNPACK's int8
   kernels. Activation ranges come from running the ATen graph on the calibration data (quantize/ranges.py).
-- tvm and portable: TVM's frontends take quantize ops but compute in float between them (FACTS.md), and the
-  portable executor is numpy float; both refuse --quantize with the backends that can.
+- the others (TVM, portable) say why in their registry record (`no_int8_reason`) and refuse --quantize, naming
+  the backends that can.
 """
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
 
+from edgedyn.registry import AUTO, get_backend, quantizing_backends
 from edgedyn.errors import EdgedynError
 
 MODES = ("int8", "int8-weights")
-# Backends whose artifacts run integer kernels on the board, in the order `auto` prefers them.
-QUANTIZING_BACKENDS = ("onnxruntime", "tflite")
 
 
 @dataclass(frozen=True)
@@ -51,14 +50,15 @@ def check_mode(mode: Optional[str]) -> None:
 
 def check_backend(mode: Optional[str], backend: str) -> None:
     """Fails before any work when `backend` cannot run int8 kernels (auto is narrowed later)."""
-    if mode is None or backend == "auto" or backend in QUANTIZING_BACKENDS:
+    if mode is None or backend == AUTO:
         return
-    why = {"tvm": "TVM's frontends compute in float between quantize and dequantize ops, so int8 gives no "
-                  "integer kernels there",
-           "portable": "the portable executor computes in numpy float32"}.get(backend, "it has no int8 kernels")
-    raise EdgedynError("--quantize {} is not supported by backend '{}': {}".format(mode, backend, why),
+    record = get_backend(backend)
+    if record.quantizes:
+        return
+    raise EdgedynError("--quantize {} is not supported by backend '{}': {}".format(mode, backend,
+                                                                                   record.no_int8_reason),
                        hint="use --backend {} (or auto, which then considers only those)".format(
-                           " or --backend ".join(QUANTIZING_BACKENDS)))
+                           " or --backend ".join(quantizing_backends())))
 
 
 def weight_bytes(program: object) -> int:

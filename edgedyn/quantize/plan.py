@@ -2,16 +2,19 @@
 specialization its calibration batches, then measure the quantized artifact against torch eager and apply the gate.
 """
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from edgedyn import calibration as calibration_data
 from edgedyn.errors import EdgedynError
 from edgedyn.quantize import Quantization, check_backend, check_mode
-from edgedyn.quantize.accuracy import Gate, check, output_metrics, parse_gate
+from edgedyn.quantize.accuracy import DEFAULT_GATE, MIN_EVAL_SAMPLES, Gate, check, output_metrics, parse_gate
+from edgedyn.runtime.program import EXPECTED_ROLE
 
-EXPECTED = "expected"  # artifact file role: its own outputs on the reference inputs, for `edgedyn verify`
+
+class AccuracyWarning(UserWarning):
+    """The int8 accuracy was measured on too few held-out samples to be trusted."""
 
 
 @dataclass(frozen=True)
@@ -62,20 +65,21 @@ def plan(mode: Optional[str], backend: str, device: str, calibration: Any = None
     return Plan(mode=mode, calibration=samples, evaluation=evaluation, gate=gate)
 
 
-def finish(plan: Plan, artifact: Any, spec: Any) -> Any:
-    """Measures the quantized artifact against torch eager on held-out inputs, records it, applies the gate."""
+def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]], List[np.ndarray]]) -> Any:
+    """Measures the quantized artifact against torch eager on held-out inputs, records it, applies the gate.
+
+    `run` runs the artifact on flat inputs (the exporter opens its executor: this package sits below the backends).
+    """
     import torch
 
     from edgedyn.runtime.format import pack_arrays
-    from edgedyn.backends import open_executor
 
     batches, source = plan.evaluation_batches(spec)
     module = spec.program.module()
     with torch.no_grad():
         want = [[o.detach().numpy() for o in module(*[torch.from_numpy(a) for a in batch])] for batch in batches]
-    with open_executor(artifact) as (executor, _):
-        got = [[np.asarray(o) for o in executor.run(batch)] for batch in batches]
-        expected = executor.run([np.ascontiguousarray(t.numpy()) for t in spec.example_tensors])
+    got = [[np.asarray(o) for o in run(batch)] for batch in batches]
+    expected = run([np.ascontiguousarray(t.numpy()) for t in spec.example_tensors])
     outputs = [dict(output_metrics([g[i] for g in got], [w[i] for w in want]), name="output_{}".format(i))
                for i in range(len(want[0]))]
     record = dict(artifact.meta["quantization"])
@@ -83,13 +87,21 @@ def finish(plan: Plan, artifact: Any, spec: Any) -> Any:
                              "batches": len(plan.quantization(spec).calibration) if plan.mode == "int8" else 0}
     record["accuracy"] = {"reference": "torch eager (float32)", "inputs": source, "batches": len(batches),
                           "outputs": outputs}
-    if plan.gate is not None:
-        record["accuracy"]["gate"] = plan.gate.to_dict()
+    record["accuracy"]["gate"] = (plan.gate or DEFAULT_GATE).to_dict()
+    record["accuracy"]["gate_source"] = "--max-accuracy-drop" if plan.gate is not None else "default"
+    samples = outputs[0]["samples"] if outputs else 0
+    if samples < MIN_EVAL_SAMPLES:
+        import warnings
+
+        warnings.warn("{} ({}): int8 accuracy measured on {} held-out sample(s), fewer than {}: the numbers are "
+                      "noisy; pass more calibration data or --eval-inputs".format(
+                          spec.name, artifact.backend, samples, MIN_EVAL_SAMPLES), AccuracyWarning, stacklevel=3)
+        record["accuracy"]["warning"] = "only {} held-out sample(s)".format(samples)
     check(plan.gate, outputs, "{} ({})".format(spec.name, artifact.backend))
     artifact.meta = dict(artifact.meta, quantization=record)
-    artifact.files = dict(artifact.files, **{EXPECTED: pack_arrays(
+    artifact.files = dict(artifact.files, **{EXPECTED_ROLE: pack_arrays(
         {"output.{}".format(i): np.asarray(a) for i, a in enumerate(expected)})})
-    artifact.file_names = dict(artifact.file_names, **{EXPECTED: "expected.npz"})
+    artifact.file_names = dict(artifact.file_names, **{EXPECTED_ROLE: "expected.npz"})
     return artifact
 
 

@@ -15,6 +15,12 @@ from edgedyn.runtime.format import Bundle, PathLike, host_arch
 
 log = logging.getLogger("edgedyn.runtime")
 DEVICES = ("auto", "cpu", "gpu")
+# An fp32 artifact's tolerance against torch eager when its manifest entry names none: max |got - want| <= atol +
+# rtol * max |want|. Backends write it into each artifact (edgedyn/backends/); int8 ones write their own.
+FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
+# The file role of an artifact's own outputs on the reference inputs, recorded at export for artifacts that differ
+# from torch eager by design (int8): `verify` compares with these (edgedyn/quantize/plan.py writes them).
+EXPECTED_ROLE = "expected"
 
 
 class Specialization:
@@ -194,14 +200,14 @@ class Program:
                 raise EdgedynError("reference inputs of '{}' dispatched to '{}'; the bundle's guards overlap".format(
                     spec.name, chosen.name))
             actual = flatten_outputs(spec.output_tree, self(**values))
-            tolerance = spec.artifact.get("tolerance", {"rtol": 1e-4, "atol": 1e-6})
+            tolerance = spec.artifact.get("tolerance", FP32_TOLERANCE)
             extra = {}  # type: Dict[str, Any]
-            if "expected" in spec.artifact["files"]:
+            if EXPECTED_ROLE in spec.artifact["files"]:
                 # A quantized artifact: compared with its own outputs recorded at export (int8 differs from torch
                 # eager by design; the manifest's quantization.accuracy says by how much). See quantize/accuracy.py.
-                recorded = self.bundle.arrays(spec.artifact["files"]["expected"])
+                recorded = self.bundle.arrays(spec.artifact["files"][EXPECTED_ROLE])
                 _require_arrays(recorded, ["output.{}".format(i) for i in range(len(spec.outputs))],
-                                spec.artifact["files"]["expected"])
+                                spec.artifact["files"][EXPECTED_ROLE])
                 expected = [recorded["output.{}".format(i)] for i in range(len(spec.outputs))]
                 extra["against"] = "int8 outputs recorded at export"
             for record, got, want in zip(spec.outputs, actual, expected):

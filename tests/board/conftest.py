@@ -1,9 +1,10 @@
 """Board tests: everything here runs on the emulated aarch64 board and carries the `board` marker."""
-import os
 from pathlib import Path
 from typing import List
 
 import pytest
+
+from conftest import require
 
 from .emulator import BULLSEYE_OLD, INSTALL_HINT, PI_BOOKWORM, ensure_rootfs, missing_tools
 
@@ -22,12 +23,7 @@ def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
 def board_tools() -> None:
     """Skip the board tests when qemu or mmdebstrap is missing; in CI, fail instead of skipping."""
     missing = missing_tools()
-    if not missing:
-        return
-    message = f"the emulated board needs {', '.join(missing)}; install with: {INSTALL_HINT}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{message} (CI=true: board tests must run, not skip)", pytrace=False)
-    pytest.skip(message)
+    require(not missing, f"the emulated board needs {', '.join(missing)}", f"install with: {INSTALL_HINT}")
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,14 @@
 """The emulated board itself: an aarch64 CPU with the Python, numpy and TVM runtime that later tests rely on."""
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from .emulator import BULLSEYE_OLD, BoardImage, run_on_board
+from .emulator import (BULLSEYE_OLD, REPO, BoardImage, build_wheel, image_of, install_wheel, installed_checkout,
+                       run_edgedyn, run_on_board)
 
 
 def on_board(rootfs: Path, code: str, *args: Any, **kwargs: Any) -> Any:
@@ -108,3 +110,68 @@ def test_board_image_is_validated_and_keyed_by_content() -> None:
     assert image.key() == BoardImage("bullseye", debs=("libgomp1", "python3"), wheels=("rich",)).key()
     assert image.key() != BoardImage("bullseye", debs=("python3", "libgomp1"), wheels=("rich<15",)).key()
     assert image.key() != BoardImage("bookworm", debs=("python3", "libgomp1"), wheels=("rich",)).key()
+
+
+WHEEL_PROBE = """
+import json, sys
+from importlib import metadata
+import edgedyn, edgedyn.boards
+found = {"file": edgedyn.__file__, "version": metadata.version("edgedyn"),
+         "boards_dir": str(edgedyn.boards.boards_dir()), "boards": edgedyn.boards.board_names(),
+         "targets": edgedyn.boards.target_names()}
+for name in ("numpy", "tomli"):
+    try:
+        found[name] = __import__(name).__file__
+    except ImportError:
+        found[name] = None
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.parametrize("rootfs_fixture", ["pi_rootfs", "bullseye_rootfs"])
+def test_board_runs_the_installed_wheel_of_this_checkout(rootfs_fixture: str, request: pytest.FixtureRequest) -> None:
+    from packaging.requirements import Requirement
+
+    from edgedyn.boards import board_names, target_names
+
+    rootfs = request.getfixturevalue(rootfs_fixture)
+    result = run_edgedyn(rootfs, ["-c", WHEEL_PROBE])
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.splitlines()[-1])
+    site = installed_checkout(rootfs)
+    # The wheel's copy, not the source tree, with the board and target files the wheel ships.
+    assert seen["file"] == str(site / "edgedyn" / "__init__.py") and not seen["file"].startswith(str(REPO) + "/edgedyn")
+    assert seen["boards_dir"] == str(site / "edgedyn" / "_data" / "boards")
+    assert (seen["boards"], seen["targets"]) == (board_names(), target_names())
+    assert seen["version"] == "0.1.0"
+    install = json.loads((site.parent / "install.json").read_text())
+    wanted = {Requirement(requirement).name for requirement in install["requirements"]}
+    # The dependency markers, evaluated for the board and satisfied by what it has: the board's own numpy
+    # (Debian's 1.19 on bullseye) meets numpy>=1.19 instead of being shadowed by a wheel.
+    assert install["added_requirements"] == [] and all(install["board_has"].values()), install
+    assert seen["numpy"].startswith(str(rootfs)), seen
+    if image_of(rootfs).python == "3.9":  # base install: tomli below Python 3.11, no backend runtimes
+        assert wanted == {"numpy", "rich", "tomli", "typer", "typing-extensions"}, install
+        assert seen["tomli"] is not None and seen["tomli"].startswith(str(rootfs))
+    else:  # with the tvm, onnxruntime and litert extras: ai-edge-litert, not tflite-runtime, from Python 3.10
+        assert wanted == {"numpy", "rich", "typer", "typing-extensions", "apache-tvm", "apache-tvm-ffi",
+                          "onnxruntime", "ai-edge-litert"}, install
+
+
+def test_installs_are_cached_by_wheel_hash(pi_rootfs: Path, tmp_path: Path) -> None:
+    site = installed_checkout(pi_rootfs)
+    wheel = build_wheel(REPO, tmp_path / "wheel")
+    assert install_wheel(pi_rootfs, wheel, image_of(pi_rootfs)) == site  # the same bytes: the same install, reused
+    changed = tmp_path / "changed" / wheel.name
+    changed.parent.mkdir()
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(changed, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            target.writestr(item, data + b"\n# changed\n" if item.filename == "edgedyn/__init__.py" else data)
+    cache = tmp_path / "cache"
+    first = install_wheel(pi_rootfs, wheel, image_of(pi_rootfs), cache_dir=cache)
+    stamp = (first.parent / "install.json").stat().st_mtime_ns
+    assert install_wheel(pi_rootfs, wheel, image_of(pi_rootfs), cache_dir=cache) == first
+    assert (first.parent / "install.json").stat().st_mtime_ns == stamp  # not installed a second time
+    other = install_wheel(pi_rootfs, changed, image_of(pi_rootfs), cache_dir=cache)
+    assert other != first and (other / "edgedyn" / "__init__.py").read_bytes().endswith(b"# changed\n")

@@ -7,8 +7,7 @@ from conftest import REPO
 
 from .emulator import run_edgedyn
 
-pytest.importorskip("tvm")
-pytest.importorskip("nvidia.cuda_nvrtc", reason="GPU builds need pip install 'edgedyn[cuda]'")
+pytestmark = pytest.mark.requires("tvm", "nvidia.cuda_nvrtc")
 
 JETSONS = {"jetson-nano": "sm_53", "jetson-xavier-nx": "sm_72", "jetson-orin-nano": "sm_87"}
 

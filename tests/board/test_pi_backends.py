@@ -10,7 +10,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pytest
 
-from conftest import ALL_MODELS, RTOL, torch_model
+from conftest import ALL_MODELS, RTOL, require_module, torch_model
 
 from .emulator import run_edgedyn
 
@@ -24,7 +24,7 @@ CASES = [(backend, model) for backend, (_, _, models) in sorted(PI_BACKENDS.item
 
 
 def export_for_pi(export_example, backend: str, model: str) -> Path:
-    pytest.importorskip(PI_BACKENDS[backend][0])
+    require_module(PI_BACKENDS[backend][0])
     return export_example(model, board=BOARD, backend=backend)
 
 

@@ -3,18 +3,16 @@ import json
 import re
 from pathlib import Path
 
-from .emulator import run_on_board
-
-REPO = Path(__file__).resolve().parents[2]
+from .emulator import run_edgedyn
 
 
 def test_bench_tiny_cnn_on_pi4(pi_rootfs: Path, export_example, tmp_path: Path) -> None:
     bundle = export_example("tiny_cnn", board="raspberry-pi-4")
-    result = run_on_board(pi_rootfs, ["-m", "edgedyn", "bench", str(bundle), "--iterations", "5", "--warmup", "1",
-                                      "--json", str(tmp_path / "out.json")],
-                          cpu="cortex-a72", pythonpath=[REPO],
-                          # The extracted library goes to a temporary cache, not into the shared rootfs.
-                          env={"EDGEDYN_CACHE": str(tmp_path / "cache")})
+    result = run_edgedyn(pi_rootfs, ["-m", "edgedyn", "bench", str(bundle), "--iterations", "5", "--warmup", "1",
+                                     "--json", str(tmp_path / "out.json")],
+                         cpu="cortex-a72",
+                         # The extracted library goes to a temporary cache, not into the shared rootfs.
+                         env={"EDGEDYN_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "out.json").read_text())
     assert report["iterations"] >= 5 and report["warmup"] == 1

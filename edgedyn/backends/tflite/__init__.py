@@ -3,29 +3,29 @@
 The writer (writer.py) serializes tensors, buffers and operators; the lowering (lowering.py) walks the graph and
 keeps track of layouts (layout.py) so convolutions run NHWC; ops/ holds one converter module per kind of op.
 """
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict
 
-from edgedyn.backends import BACKENDS, Artifact
-from edgedyn.boards import Board, Target
+from edgedyn.registry import general_backends
+from edgedyn.backends.artifact import Artifact, Build
+from edgedyn.boards import Target
+from edgedyn.runtime.program import FP32_TOLERANCE
 
 # fp32 through XNNPACK: other summation orders and its own GELU/exp approximations; errors seen were below 1e-5
-# of the largest output magnitude, so 1e-4 leaves room without hiding a wrong layout (those are O(1)).
-TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
-# Backends that take the full core-ATen opset, named when this one cannot express an op.
-GENERAL_BACKENDS = ("onnxruntime", "tvm")
+# of the largest output magnitude, so FP32_TOLERANCE (1e-4) leaves room without hiding a wrong layout (those are
+# O(1)).
 
 
-def lower(program: Any, board: Board, target: Target, tensor_inputs: List[str],
-          quantization: Optional[Any] = None) -> Artifact:
+def lower(build: Build) -> Artifact:
     """Writes the program as one .tflite model whose inputs and outputs have the torch model's shapes (NCHW);
-    with `quantization` (edgedyn.quantize.Quantization), convolutions and fully connected layers run int8."""
+    with `build.quantization` (edgedyn.quantize.Quantization), convolutions and fully connected layers run int8."""
+    program, target, quantization = build.program, build.target, build.quantization
     from edgedyn.backends.tflite.lowering import lower_program
     from edgedyn.backends.tflite.ops import CONVERTERS
 
-    alternatives = [b for b in GENERAL_BACKENDS if b in BACKENDS]
+    alternatives = general_backends()
     if quantization is None:
         model, facts = lower_program(program, CONVERTERS, alternatives)
-        return _artifact(model, facts, target, dict(TOLERANCE))
+        return _artifact(model, facts, target, dict(FP32_TOLERANCE))
     from edgedyn.quantize import weight_bytes
     from edgedyn.quantize.accuracy import INT8_TOLERANCE
     from edgedyn.quantize.ranges import observe

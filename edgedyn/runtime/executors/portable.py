@@ -14,8 +14,10 @@ from edgedyn.runtime import kernels, schema
 from edgedyn.runtime.errors import BundleError
 from edgedyn.runtime.threads import PerThread
 
-FORMAT = schema.PORTABLE_FORMAT
-FORMAT_VERSION = schema.PORTABLE_VERSION
+# The graph.json format this executor reads (checked in runtime/schema.py); the portable backend writes it with
+# these constants.
+GRAPH_FORMAT = schema.PORTABLE_FORMAT
+GRAPH_FORMAT_VERSION = schema.PORTABLE_VERSION
 
 
 def _arena_limit(artifact: Dict[str, Any]) -> int:

@@ -1,5 +1,5 @@
 """2-d convolution in NHWC: CONV_2D (weights OHWI) and DEPTHWISE_CONV_2D (weights 1HWO), with torch's padding."""
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -7,47 +7,9 @@ import torch
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value
+from edgedyn.backends.tflite.ops.padding import pair, spatial_padding
 
 aten = torch.ops.aten
-
-
-def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> Tuple[int, int]:
-    """The (before, after) padding TFLite's SAME adds to one spatial dim."""
-    effective = (kernel - 1) * dilation + 1
-    total = max((-(-size // stride) - 1) * stride + effective - size, 0)
-    return total // 2, total - total // 2
-
-
-def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
-                    padding: Sequence[int], dilation: Sequence[int], pad_value: float = 0.0,
-                    same_ok: bool = True, quant: Optional[Any] = None) -> Tuple[int, int]:
-    """Torch's symmetric padding as TFLite's SAME or VALID: returns (input tensor, Padding enum).
-
-    SAME pads after more than before when the total is odd (stride-2 convolutions with padding 1 hit this), so
-    any padding that differs from SAME becomes an explicit PAD before a VALID op (XNNPACK fuses it in).
-    `shape` is the NCHW torch shape of x; `same_ok` says whether the op's SAME means padding with `pad_value`
-    (convolution pads zeros, max pooling ignores the padding as -inf would, average pooling excludes it).
-    """
-    if all(p == 0 for p in padding):
-        return x, 1  # Padding.VALID
-    same = [same_padding(shape[2 + i], kernel[i], stride[i], dilation[i]) for i in range(2)]
-    if same_ok and all(same[i] == (padding[i], padding[i]) for i in range(2)):
-        return x, 0  # Padding.SAME
-    pads = np.array([[0, 0], [padding[0], padding[0]], [padding[1], padding[1]], [0, 0]], dtype=np.int32)
-    padded = [shape[0], shape[2] + 2 * padding[0], shape[3] + 2 * padding[1], shape[1]]
-    out = ctx.writer.tensor("pad", padded, np.int8 if quant is not None else np.float32, quant)
-    if quant is not None:  # int8 PAD fills with the zero point, i.e. 0.0
-        ctx.writer.require_version("PAD", 3)
-    if pad_value == 0.0:
-        ctx.writer.operator("PAD", [x, ctx.writer.constant(pads)], [out], "PadOptions")
-    else:
-        ctx.writer.operator("PADV2", [x, ctx.writer.constant(pads), ctx.scalar(pad_value)], [out], "PadV2Options")
-    return out, 1
-
-
-def _pair(values: Sequence[int]) -> List[int]:
-    values = list(values)
-    return values * 2 if len(values) == 1 else values
 
 
 def convolution(ctx: Lowering, node: Any, x: Value, weight: Value, bias: Optional[Value], stride: Sequence[int],
@@ -59,7 +21,7 @@ def convolution(ctx: Lowering, node: Any, x: Value, weight: Value, bias: Optiona
         raise Unsupported("{}-d convolution; the TFLite writer handles 2-d".format(x.rank - 2))
     if not weight.is_constant or (bias is not None and not bias.is_constant):
         raise Unsupported("convolution weights computed at run time")
-    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    stride, padding, dilation = pair(stride), pair(padding), pair(dilation)
     w = weight.data.astype(np.float32)
     out_channels, per_group, kh, kw = w.shape
     in_channels = x.shape[1]

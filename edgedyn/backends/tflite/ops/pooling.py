@@ -7,7 +7,7 @@ import torch
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value
-from edgedyn.backends.tflite.ops.conv import _pair, spatial_padding
+from edgedyn.backends.tflite.ops.padding import pair, spatial_padding
 
 aten = torch.ops.aten
 
@@ -20,9 +20,9 @@ def output_shape(node: Any) -> List[int]:
 
 def _window(node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
             ceil_mode: bool) -> Any:
-    kernel = _pair(kernel)
-    stride = _pair(stride) if stride else kernel
-    padding = _pair(padding)
+    kernel = pair(kernel)
+    stride = pair(stride) if stride else kernel
+    padding = pair(padding)
     if x.rank != 4:
         raise Unsupported("{}-d pooling; the TFLite writer handles 2-d".format(x.rank - 2))
     floor_shape = [(x.shape[2 + i] + 2 * padding[i] - kernel[i]) // stride[i] + 1 for i in range(2)]
@@ -33,7 +33,7 @@ def _window(node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int], p
 
 def max_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int] = (),
                padding: Sequence[int] = (0,), dilation: Sequence[int] = (1,), ceil_mode: bool = False) -> Any:
-    if any(d != 1 for d in _pair(dilation)):
+    if any(d != 1 for d in pair(dilation)):
         raise Unsupported("dilated max pooling")
     kernel, stride, padding = _window(node, x, kernel, stride, padding, ceil_mode)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
@@ -62,7 +62,7 @@ def _average(ctx: Lowering, source: int, shape: List[int], kernel: Sequence[int]
 
 def adaptive_avg_pool2d(ctx: Lowering, node: Any, x: Value, output_size: Sequence[int]) -> Value:
     """A mean for output 1x1, an average pool when the output size divides the input; nothing else."""
-    size = _pair(output_size)
+    size = pair(output_size)
     if size == [1, 1]:
         return reduce(ctx, "MEAN", x, [2, 3], True)
     if any(x.shape[2 + i] % size[i] for i in range(2)):

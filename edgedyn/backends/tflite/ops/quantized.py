@@ -14,6 +14,7 @@ import torch
 
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.lowering import Lowering, Value
+from edgedyn.backends.tflite.ops.padding import spatial_padding
 from edgedyn.backends.tflite.writer import Quant
 from edgedyn.quantize.ranges import per_channel_weights, qparams
 
@@ -45,8 +46,6 @@ def _output_quant(ctx: Lowering, node: Any) -> Quant:
 
 def convolution(ctx: Lowering, node: Any, x: Value, w: np.ndarray, b: np.ndarray, stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], groups: int) -> Value:
-    from edgedyn.backends.tflite.ops.conv import spatial_padding
-
     out_channels, _, kh, kw = w.shape
     depthwise = groups != 1
     op, options = ("DEPTHWISE_CONV_2D", "DepthwiseConv2DOptions") if depthwise else ("CONV_2D", "Conv2DOptions")

@@ -1,0 +1,97 @@
+"""edgedyn's wheel on the emulated board: installed as `pip install 'WHEEL[extras]'` would install it there.
+
+A wheel (`build_wheel`) goes with its extras and only the dependencies the board lacks into a folder beside the
+shared rootfs (`install_wheel`, cached by the wheel's SHA-256), so what runs is what the wheel ships (boards/,
+targets/) and what its dependency markers select for the board's Python.
+"""
+import hashlib
+import json
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .rootfs import (BoardBuildError, BoardImage, build_once, compile_on_board, install_for_board, run_step,
+                     default_cache_dir, run_on_board)
+
+# Bump when the way a wheel is installed on a board changes.
+INSTALL_VERSION = 2
+
+
+def build_wheel(source: Path, dest: Path) -> Path:
+    """Build the wheel of the checkout at `source` into the empty folder `dest`, as a release would."""
+    run_step([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(source)],
+         f"building the wheel of {source}")
+    wheels = sorted(Path(dest).glob("*.whl"))
+    if len(wheels) != 1:
+        raise BoardBuildError(f"building the wheel of {source} left {len(wheels)} wheels in {dest}, expected one")
+    return wheels[0]
+
+
+def install_wheel(rootfs: Path, wheel: Path, image: BoardImage, cache_dir: Optional[Path] = None) -> Path:
+    """Install `wheel` for the board as `pip install 'WHEEL[extras]'` would there; return the site folder.
+
+    The board's own packages count: a requirement it already satisfies (Debian's numpy 1.19 on bullseye) is
+    not shadowed by a newer wheel. Installs sit beside the shared rootfs, never in it, keyed by the wheel's
+    SHA-256, the rootfs and the extras, and are reused while the wheel's bytes stay the same.
+    """
+    digest = hashlib.sha256(Path(wheel).read_bytes()).hexdigest()
+    recipe = {"install": INSTALL_VERSION, "rootfs": Path(rootfs).name, "wheel": digest, "extras": list(image.extras)}
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    boards = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    installed = build_once(boards / "installs" / f"{Path(rootfs).name}-{key}",
+                            lambda partial: _install_into(Path(rootfs), image, Path(wheel), partial, recipe))
+    return installed / "site"
+
+
+def _install_into(rootfs: Path, image: BoardImage, wheel: Path, target: Path, recipe: Mapping[str, object]) -> None:
+    """Install `wheel` with the dependencies the board lacks into `target`/site, and precompile it there."""
+    target.mkdir(parents=True)
+    wanted = _board_requirements(image, wheel)
+    versions = _board_versions(rootfs, [r.name for r in wanted])
+    missing = [f"{r.name}{r.specifier}" for r in wanted
+               if versions[r.name] is None or not r.specifier.contains(versions[r.name], prereleases=True)]
+    installed = install_for_board(image, missing, [wheel], target / "site", target)
+    compile_on_board(rootfs, [target / "site"])
+    manifest = dict(recipe, wheel_name=wheel.name, requirements=[str(r) for r in wanted], board_has=versions,
+                    added_requirements=missing, installed_wheels=installed)
+    (target / "install.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _board_requirements(image: BoardImage, wheel: Path) -> List[Any]:
+    """The wheel's requirements (packaging Requirement objects) whose markers hold on the board, for the
+    image's extras."""
+    from packaging.requirements import Requirement  # host side only; pip depends on it
+
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = archive.read(metadata).decode("utf-8").splitlines()
+    requirements = [Requirement(line.split(":", 1)[1].strip()) for line in lines if line.startswith("Requires-Dist:")]
+    environment = {"python_version": image.python, "python_full_version": image.python + ".0",
+                   "platform_machine": "aarch64", "sys_platform": "linux", "platform_system": "Linux",
+                   "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+    return [r for r in requirements if r.marker is None
+            or any(r.marker.evaluate(dict(environment, extra=extra)) for extra in ("",) + image.extras)]
+
+
+def _board_versions(rootfs: Path, names: Sequence[str]) -> Dict[str, Optional[str]]:
+    """The installed version of each distribution on the board itself (None when missing)."""
+    code = """
+import json, sys
+from importlib import metadata
+found = {}
+for name in sys.argv[1:]:
+    found[name] = None
+    for spelling in (name, name.replace("-", "_")):  # Python < 3.10 does not normalize names
+        try:
+            found[name] = metadata.version(spelling)
+            break
+        except metadata.PackageNotFoundError:
+            pass
+print(json.dumps(found))
+"""
+    result = run_on_board(rootfs, ["-c", code, *names])
+    if result.returncode != 0:
+        raise BoardBuildError(f"asking the board which packages it has failed (exit {result.returncode}):\n"
+                              f"{result.stderr[-3000:]}")
+    return json.loads(result.stdout.splitlines()[-1])
