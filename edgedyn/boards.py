@@ -164,6 +164,10 @@ class Board:
                                     text(expected="the name of a cuda target, e.g. 'cuda-sm53'"), default=None)
     qemu_cpu: Optional[str] = key("emulation", "qemu_cpu", text(expected="a CPU from `qemu-aarch64-static -cpu help`"),
                                   default=None)
+    # The Debian release whose arm64 packages make the emulated board's root filesystem (edgedyn/emulate):
+    # the one the board's own OS is built on, or the closest with the board's Python or newer.
+    debian_suite: Optional[str] = key("emulation", "debian_suite", text(_NAME, "a Debian suite like 'bookworm'"),
+                                      default=None)
     # The CPU artifact's backends, best first (`auto` for another board takes the first that builds).
     backends: Tuple[str, ...] = key("backends", "preference", names(backend_names, allow_empty=False))
     # The GPU artifact's backends, best first: a separate choice, since the best GPU code generator (TVM) is the
@@ -182,6 +186,9 @@ class Board:
             where, "memory.budget_mb", self.ram_budget_mb)
         if self.gpu_target is not None and (self.gpu is None or self.cuda is None):
             fail(where, "targets.gpu_target", "no gpu_target on a board without [gpu] and os.cuda", self.gpu_target)
+        if (self.qemu_cpu is None) != (self.debian_suite is None):
+            fail(where, "emulation", "both qemu_cpu and debian_suite, or no [emulation] table",
+                 "qemu_cpu={!r}, debian_suite={!r}".format(self.qemu_cpu, self.debian_suite))
 
     def target(self, device: str = "cpu") -> Target:
         """The target that compiles for this board's `device` ("cpu" or "gpu")."""

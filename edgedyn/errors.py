@@ -7,7 +7,7 @@ they share this base through `edgedyn.runtime.errors.RuntimeUserError`, re-expor
 """
 from edgedyn.runtime.errors import EdgedynError, MissingDependencyError
 
-__all__ = ["EdgedynError", "MissingDependencyError", "CaptureError", "BackendError", "BoardError"]
+__all__ = ["EdgedynError", "MissingDependencyError", "CaptureError", "BackendError", "GpuBuildError", "BoardError"]
 
 
 class CaptureError(EdgedynError):
@@ -16,6 +16,11 @@ class CaptureError(EdgedynError):
 
 class BackendError(EdgedynError):
     """A backend could not compile the captured graph."""
+
+
+class GpuBuildError(BackendError):
+    """GPU code could not be built for this graph (a scheduling rule, the CUDA compiler): the CPU artifact can
+    still ship, so under --device auto the exporter turns this into a warning."""
 
 
 class BoardError(EdgedynError):

@@ -137,29 +137,38 @@ def _gpu_backend(board: Board, backend: str) -> str:
 
 
 class GpuFallbackWarning(UserWarning):
-    """Under --device auto, no GPU code could be built: the bundle carries the CPU artifact only."""
+    """An export for a GPU board ships only its CPU artifact, and the message says why."""
+
+
+def gpu_or_cpu_only(build: Callable[[], Artifact], device: str) -> Optional[Artifact]:
+    """The GPU artifact `build()` makes, or None (with a GpuFallbackWarning saying why) when GPU code cannot be
+    built and `device` is "auto": a GPU problem must never cost the user the CPU bundle, which the runtime would
+    fall back to anyway. `--device gpu` asked for GPU code, so there the error stands."""
+    import warnings
+
+    try:
+        return build()
+    except EdgedynError as error:
+        if device == "gpu":
+            raise
+        warnings.warn("no GPU code in this bundle, it runs on the CPU: {}{}".format(
+            error.message.strip(), " ({})".format(error.hint) if error.hint else ""), GpuFallbackWarning,
+            stacklevel=3)
+        return None
 
 
 def _gpu_artifact(program: Any, board: Board, target: Target, spec: Specialization, precision: str, device: str,
                   backend: str, step: Progress) -> Optional[Artifact]:
-    """GPU code for the board; under --device auto a failed GPU build only drops the GPU artifact, with a warning
-    saying why (the CPU artifact is the fallback the runtime would use anyway)."""
-    import warnings
-
+    """GPU code for the board, from the backend of its GPU preference; see gpu_or_cpu_only for failures."""
     name = _gpu_backend(board, backend)
     step("building {} with {} for {} ({})".format(spec.name, name, target.name, precision))
     build = Build(program=program, board=board, target=target, tensor_inputs=list(spec.tensor_inputs),
                   precision=precision, reference=pack_arrays(_reference_arrays(spec)))
-    try:
-        return BACKENDS[name].build(build)
-    except EdgedynError as error:
-        if device == "gpu":
-            raise
-        message = "{}: no GPU code for {} ({}); the bundle carries the CPU artifact only: {}".format(
-            spec.name, board.name, target.name, error.message.strip().splitlines()[0])
-        step(message + (" ({})".format(error.hint) if error.hint else ""))
-        warnings.warn(message, GpuFallbackWarning, stacklevel=3)
-        return None
+    artifact = gpu_or_cpu_only(lambda: BACKENDS[name].build(build), device)
+    if artifact is None:
+        step("{}: no GPU code for {} ({}); the bundle carries the CPU artifact only".format(
+            spec.name, board.name, target.name))
+    return artifact
 
 
 def _reference_arrays(spec: Specialization) -> Dict[str, np.ndarray]:

@@ -24,6 +24,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("backends", ("edgedyn.backends",)),
     ("choice", ("edgedyn.selection", "edgedyn.fit", "edgedyn.bundle")),
     ("export", ("edgedyn.exporter",)),
+    ("emulate", ("edgedyn.emulate",)),  # the emulated board, host side
     ("interface", ("edgedyn.cli", "edgedyn.__main__", "edgedyn=")),
 ]
 # Modules a layer may import from a higher one, each with its reason. Keep this empty if you can.

@@ -65,6 +65,7 @@ cpu_target = "cortex-a72"
 
 [emulation]
 qemu_cpu = "cortex-a72"
+debian_suite = "bookworm"
 
 [backends]
 preference = ["onnxruntime", "tvm"]
@@ -218,6 +219,24 @@ def test_qemu_cpu_runs_everything_the_target_emits(name):
     assert needed <= emulated, "qemu -cpu {} lacks {}".format(board.qemu_cpu, sorted(needed - emulated))
 
 
+# The Debian release each emulated board's root filesystem is made of: Raspberry Pi OS bookworm is Debian
+# bookworm; no Debian matches L4T's Ubuntu, and bookworm is what the Jetson board tests have always run on.
+DEBIAN_SUITES = {"jetson-nano": "bookworm", "jetson-orin-nano": "bookworm", "jetson-xavier-nx": "bookworm",
+                 "raspberry-pi-4": "bookworm", "raspberry-pi-5": "bookworm", "x86-64": None}
+
+
+@pytest.mark.parametrize("name", BOARDS)
+def test_emulated_boards_name_a_debian_suite_the_emulator_knows(name):
+    from edgedyn.emulate.rootfs import SUITES
+
+    board = load_board(name)
+    assert board.debian_suite == DEBIAN_SUITES[name]
+    assert (board.debian_suite is None) == (board.qemu_cpu is None) == (board.arch == "x86_64")
+    if board.debian_suite is not None:
+        assert board.debian_suite in SUITES
+        assert board.to_dict()["emulation"] == {"qemu_cpu": board.qemu_cpu, "debian_suite": board.debian_suite}
+
+
 # --- user files and errors ---
 
 def test_unknown_board_lists_valid_names():
@@ -261,6 +280,9 @@ BAD_BOARDS = [
     (('cpu_target = "cortex-a72"', 'cpu_target = "x86-64-v2"'), "targets.cpu_target", "a cpu target for aarch64"),
     (('[targets]\n', '[targets]\ngpu_target = "cuda-sm53"\n'), "targets.gpu_target", "without [gpu]"),
     (('[memory]', '[memory]\nram = 1'), "memory.ram", "unknown field"),
+    (('debian_suite = "bookworm"', 'debian_suite = "Bookworm 12"'), "emulation.debian_suite",
+     "expected a Debian suite like 'bookworm', got 'Bookworm 12'"),
+    (('debian_suite = "bookworm"\n', ''), "emulation", "expected both qemu_cpu and debian_suite, or no [emulation]"),
 ]
 
 

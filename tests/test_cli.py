@@ -97,6 +97,8 @@ def test_foreign_bundle_is_refused_by_verify(run_cli, export_example):
     assert result.returncode == 2
     refusal = "was built for {} (board {}), but this machine is {}".format(arch, board, rt.format.host_arch())
     assert refusal in result.stderr
+    if arch == "aarch64":  # an aarch64 bundle can be checked here, on the board emulated under qemu
+        assert "hint: " in result.stderr and " --emulate" in result.stderr
 
 
 def test_usage_error_exits_2(run_cli):

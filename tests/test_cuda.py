@@ -5,9 +5,13 @@ import sys
 import pytest
 import torch
 
+import warnings
+
 from edgedyn.backends import nvrtc
 from edgedyn.backends.artifact import Build
 from edgedyn.backends.tvm import check_device_code, lower
+from edgedyn.errors import GpuBuildError
+from edgedyn.exporter import GpuFallbackWarning, gpu_or_cpu_only
 from edgedyn.boards import load_board
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.frontend import capture
@@ -32,6 +36,80 @@ def gpu_artifacts(small_cnn):
     program, inputs = small_cnn
     return {board: lower(Build(program=program, board=load_board(board), target=load_board(board).target("gpu"),
                                tensor_inputs=inputs)) for board in JETSONS}
+
+
+def test_a_function_dlights_matmul_rule_asserts_on_gets_the_next_rule_that_works():
+    # transformers' MobileNetV2 pads after each ReLU6 (TF "same" padding); the convolution fused with that pad
+    # makes dlight's Matmul rule assert ("consumers of the cache-write stage that are not properly inlined"),
+    # which ended the whole build under TVM's ApplyDefaultSchedule. This is the smallest graph that shows it.
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), torch.nn.ReLU6(), torch.nn.ZeroPad2d((0, 1, 0, 1)),
+                                torch.nn.Conv2d(8, 8, 3, stride=2, groups=8)).eval()
+    (spec,) = capture(model, (torch.randn(1, 3, 8, 8),)).specializations
+    board = load_board("jetson-orin-nano")
+    artifact = lower(Build(program=run_pipeline(spec.program), board=board, target=board.target("gpu"),
+                           tensor_inputs=spec.tensor_inputs))
+    schedules = artifact.meta["gpu"]["schedules"]
+    (padded,) = [name for name in schedules["rule_failures"] if name.endswith("_pad")]
+    assert "not properly inlined" in schedules["rule_failures"][padded]["Matmul"]
+    assert schedules["rules"][padded] != "Matmul"
+    assert artifact.meta["gpu"]["kernels"] >= len(schedules["rules"])
+
+
+def test_a_function_no_rule_schedules_is_named_with_every_rules_failure(monkeypatch):
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from edgedyn.backends import gpu_worker
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), torch.nn.ReLU6(), torch.nn.ZeroPad2d((0, 1, 0, 1)),
+                                torch.nn.Conv2d(8, 8, 3, stride=2, groups=8)).eval()
+    (spec,) = capture(model, (torch.randn(1, 3, 8, 8),)).specializations
+    module, _ = relax.frontend.detach_params(from_exported_program(
+        run_pipeline(spec.program), keep_params_as_input=True, unwrap_unit_return_tuple=True))
+    monkeypatch.setattr(gpu_worker, "RULES", ("Matmul",))  # as if no later rule could schedule the pad function
+    schedules = {"rules": {}, "rule_failures": {}, "unscheduled": {}}
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_87"})
+    with pytest.raises(Exception, match=r"fused_conv2d_add_tir_clip_pad \(Matmul: AssertionError: There are some "
+                                        r"consumers of the cache-write stage that are not properly inlined"):
+        gpu_worker._cuda_pipeline(tvm, relax, target, schedules)(module)
+    assert list(schedules["unscheduled"]) == ["fused_conv2d_add_tir_clip_pad"]
+    reason = gpu_worker._unscheduled_reason({"f{}".format(i): {"Fallback": "ValueError: x"} for i in range(5)})
+    assert reason.endswith("f2 (Fallback: ValueError: x); and 2 more")
+
+
+def test_under_device_auto_a_gpu_build_failure_ships_the_cpu_artifact_with_the_reason():
+    def failing_build():
+        raise GpuBuildError("the TVM CUDA build for sm_87 failed: no dlight GPU schedule works for: f (...)")
+
+    with pytest.warns(GpuFallbackWarning, match="runs on the CPU: the TVM CUDA build for sm_87 failed: no dlight"):
+        assert gpu_or_cpu_only(failing_build, "auto") is None
+    with pytest.raises(GpuBuildError, match="no dlight GPU schedule"):
+        gpu_or_cpu_only(failing_build, "gpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert gpu_or_cpu_only(lambda: "artifact", "auto") == "artifact"
+
+
+def test_an_export_whose_gpu_build_fails_ships_the_cpu_artifact_and_says_why(monkeypatch, tmp_path):
+    import edgedyn
+    import edgedyn.runtime as rt
+    from edgedyn.backends import tvm as tvm_backend
+
+    def no_schedule(*args, **kwargs):
+        raise GpuBuildError("the TVM CUDA build for sm_87 failed: no dlight GPU schedule works for: fused_f "
+                            "(Fallback: AssertionError: ...)", hint="export with --device cpu for a CPU-only bundle")
+
+    monkeypatch.setattr(tvm_backend, "lower_cuda", no_schedule)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    with pytest.warns(GpuFallbackWarning, match="runs on the CPU: .*no dlight GPU schedule works for: fused_f"):
+        path = edgedyn.export(model, (torch.randn(2, 8),), board="jetson-orin-nano", backend="tvm",
+                              output=tmp_path / "cpu-only.edgedyn", verify=False)
+    (spec,) = rt.read_manifest(path)["specializations"]
+    assert [a["device"] for a in spec["artifacts"]] == ["cpu"]
+    with pytest.raises(GpuBuildError, match="no dlight GPU schedule"):
+        edgedyn.export(model, (torch.randn(2, 8),), board="jetson-orin-nano", backend="tvm", device="gpu",
+                       output=tmp_path / "gpu.edgedyn", verify=False)
 
 
 @pytest.mark.parametrize("board, arch", sorted(JETSONS.items()))

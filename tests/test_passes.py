@@ -114,6 +114,45 @@ def test_fold_constants_evaluates_weight_only_subgraphs():
     _assert_same(model, gm, (3, 5))
 
 
+class MaskedAttention(nn.Module):
+    """Attention with the mask plumbing transformers builds at run time from shapes alone: arange, a compare,
+    where, full_like. At fixed shapes all of it is a constant; only the scores depend on the input."""
+
+    def forward(self, x):
+        n = x.shape[1]
+        positions = torch.arange(n)
+        allowed = (positions[None, :] <= positions[:, None]) | (positions[None, :] >= 0)
+        mask = torch.where(allowed, torch.tensor(0.0), torch.tensor(float("-inf")))
+        scores = x @ x.transpose(1, 2) + mask + torch.full_like(x[:, :, :1], 0.25)
+        return torch.softmax(scores, -1) @ x
+
+
+def _op_names(histogram):
+    return {name.split("::")[-1].split(".")[0] for name in histogram}
+
+
+def test_fold_constants_evaluates_what_depends_only_on_shapes():
+    model = MaskedAttention()
+    gm = decompose_to_core_aten(_graph(model, (2, 6, 4)))
+    before = op_histogram(gm)
+    assert {"arange", "where", "full_like"} <= _op_names(before)
+    gm = remove_dead_code(fold_constants(gm))
+    after = op_histogram(gm)
+    assert op_count(gm) < sum(before.values())
+    assert not {"arange", "le", "ge", "bitwise_or", "logical_or", "where", "full_like"} & _op_names(after), after
+    _assert_same(model, gm, (2, 6, 4))
+
+
+def test_fold_constants_leaves_uninitialized_memory_alone():
+    class Empty(nn.Module):
+        def forward(self, x):
+            return torch.empty_like(x).fill_(2.0) * x  # fill_ makes it a value; empty_like alone never is
+
+    gm = decompose_to_core_aten(_graph(Empty(), (3, 4)))
+    gm = remove_dead_code(fold_constants(gm))
+    _assert_same(Empty(), gm, (3, 4))
+
+
 def test_remove_dead_code_drops_unused_ops_and_their_weights():
     # torch.export already drops code that is dead in the source; dead code appears when passes rewrite the graph
     # (a folded batch norm's statistics, a weight replaced by its folded copy), so add some as a pass would.

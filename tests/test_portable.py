@@ -1,6 +1,7 @@
 """The portable backend: numpy kernels in one planned arena, equal to torch eager, allocating nothing per call."""
 import json
 import tracemalloc
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -122,13 +123,125 @@ def test_more_ops_match_torch(tmp_path, kind):
     np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * float(np.abs(expected).max()))
 
 
-def test_an_op_without_kernel_is_named_at_export(tmp_path):
-    def cumulative(x: torch.Tensor) -> torch.Tensor:
-        return torch.cumsum(x, dim=0)
+class _Fn(nn.Module):
+    """One table row: a function of the inputs and the layers it uses."""
 
-    with pytest.raises(BackendError, match=r"the portable backend cannot run cumsum \(aten\.cumsum\.default\): "
-                                           r"no kernel for aten\.cumsum\.default") as raised:
-        edgedyn.export(cumulative, (torch.randn(3, 4),), backend="portable", output=tmp_path / "c.edgedyn")
+    def __init__(self, fn, *layers: nn.Module) -> None:
+        super().__init__()
+        self.fn, self.layers = fn, nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(self.layers, x)
+
+
+class _Fn2(_Fn):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return self.fn(self.layers, x, y)
+
+
+def _seeded(layer: nn.Module) -> nn.Module:
+    generator = torch.Generator().manual_seed(zlib.crc32(type(layer).__name__.encode()))
+    for parameter in layer.parameters():
+        parameter.data.copy_(torch.randn(parameter.shape, generator=generator))
+    return layer
+
+
+F = nn.functional
+# Ops the zoo's transformers models need (attention masks, token ids, audio convolutions, segmentation heads).
+ZOO_OPS = {
+    "compare_where": (lambda m, x, y: torch.where(x > 0.3, x, y * 2) + torch.where(x <= y, 1.5, x), [(4, 6), (4, 6)]),
+    "logical_and_or_not": (lambda m, x, y: torch.where(((x > 0) & (y < 0.5)) | ~(x > -1), x, y), [(4, 6), (4, 6)]),
+    "eq_ne_tensor": (lambda m, x: torch.where(x.eq(x.amax(-1, keepdim=True)), 2.0, x)
+                     + torch.where(x.ne(x.amax(0)), x, -3.0), [(5, 6)]),
+    "any_row_safe_softmax": (lambda m, x: torch.where(torch.any(x > 1.2, -1, keepdim=True).logical_not(),
+                                                      torch.full_like(x, 0.5), torch.softmax(x, -1)), [(8, 5)]),
+    "full_like_at_run_time": (lambda m, x: x * torch.full_like(x, 0.25) + 1.5, [(1, 4, 64, 80)]),
+    "conv1d": (lambda m, x: m[0](x), [(2, 4, 13)], nn.Conv1d(4, 6, 3, padding=1)),
+    "conv1d_stride_dilation_grouped": (lambda m, x: m[0](x), [(1, 4, 21)],
+                                       nn.Conv1d(4, 6, 5, stride=2, dilation=2, padding=3, groups=2)),
+    "conv_channels_last_output": (lambda m, x: m[0](x.contiguous(memory_format=torch.channels_last)) * 2,
+                                  [(1, 4, 7, 9)], nn.Conv2d(4, 6, 3, padding=1)),
+    "group_norm": (lambda m, x: m[0](x), [(2, 4, 5, 6)], nn.GroupNorm(2, 4)),
+    "group_norm_1d": (lambda m, x: m[0](x), [(2, 4, 13)], nn.GroupNorm(1, 4)),
+    "avgpool_exclude_pad": (lambda m, x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False), [(1, 3, 6, 7)]),
+    "avgpool_window_past_image_ceil": (lambda m, x: F.avg_pool2d(x, 16, ceil_mode=True), [(1, 3, 6, 7)]),
+    "bilinear_x2": (lambda m, x: F.interpolate(x, scale_factor=2, mode="bilinear"), [(1, 3, 5, 7)]),
+    "bilinear_to_size_align_corners": (lambda m, x: F.interpolate(x, size=(9, 4), mode="bilinear",
+                                                                  align_corners=True), [(1, 3, 5, 7)]),
+    "bilinear_down": (lambda m, x: F.interpolate(x, size=(3, 4), mode="bilinear"), [(1, 3, 7, 9)]),
+    "nearest_x2": (lambda m, x: F.interpolate(x, scale_factor=2, mode="nearest"), [(1, 3, 5, 7)]),
+    # sizes rounded down: torch samples with 1/scale_factor, not in/out
+    "bilinear_rounded_scale": (lambda m, x: F.interpolate(x, scale_factor=2.5, mode="bilinear"), [(1, 3, 5, 6)]),
+    "nearest_rounded_scale": (lambda m, x: F.interpolate(x, scale_factor=1.7, mode="nearest"), [(1, 3, 5, 6)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_OPS))
+def test_zoo_ops_match_torch(tmp_path, name):
+    fn, shapes, layers = ZOO_OPS[name][0], ZOO_OPS[name][1], ZOO_OPS[name][2:]
+    model = (_Fn2 if len(shapes) == 2 else _Fn)(fn, *[_seeded(layer) for layer in layers]).eval()
+    path = edgedyn.export(model, tuple(torch.randn(*shape) for shape in shapes), backend="portable",
+                          output=tmp_path / "op.edgedyn")
+    program = rt.load(path)
+    for call in range(2):  # the second call runs in an arena the first one dirtied
+        fresh = [_fresh(shape, seed=zlib.crc32(name.encode()) + call * 7 + i) for i, shape in enumerate(shapes)]
+        with torch.no_grad():
+            expected = model(*[torch.from_numpy(x) for x in fresh]).numpy()
+        scale = float(np.abs(expected).max())
+        assert scale > 0
+        np.testing.assert_allclose(program(*fresh), expected, rtol=RTOL, atol=RTOL * scale)
+
+
+class _Tokens(nn.Module):
+    """Token and position lookups as RoBERTa computes them: position ids from a cumsum over the non-padding ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.tokens, self.positions = nn.Embedding(50, 8), nn.Embedding(20, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids.ne(1).int()
+        positions = torch.cumsum(mask, dim=1).type_as(mask) * mask + 1
+        picked = torch.gather(ids, 1, torch.zeros_like(ids[:, :1])).float()
+        return self.tokens(ids) + self.positions(positions) + picked[..., None]
+
+
+def _ids(seed: int) -> np.ndarray:
+    ids = np.random.default_rng(seed).integers(0, 50, (2, 9)).astype(np.int64)
+    ids[:, -2:] = 1  # padding, so the position ids differ from a plain arange
+    return ids
+
+
+def test_token_ids_embedding_gather_and_cumsum_match_torch(tmp_path):
+    model = _Tokens().eval()
+    path = edgedyn.export(model, (torch.from_numpy(_ids(0)),), backend="portable", output=tmp_path / "ids.edgedyn")
+    program = rt.load(path)
+    for seed in (zlib.crc32(b"tokens"), 5):
+        ids = _ids(seed)
+        with torch.no_grad():
+            expected = model(torch.from_numpy(ids)).numpy()
+        np.testing.assert_allclose(program(ids), expected, rtol=RTOL, atol=RTOL * float(np.abs(expected).max()))
+
+
+def test_a_token_id_past_the_table_is_refused_in_words(tmp_path):
+    model = _Tokens().eval()
+    program = rt.load(edgedyn.export(model, (torch.from_numpy(_ids(0)),), backend="portable",
+                                     output=tmp_path / "ids.edgedyn"))
+    ids = _ids(3)
+    ids[0, 0] = 50
+    with pytest.raises(rt.EdgedynError, match="outside the table of 50 rows") as raised:
+        program(ids)
+    assert "0 to 49" in raised.value.hint
+
+
+def test_an_op_without_kernel_is_named_at_export(tmp_path):
+    def flipped(x: torch.Tensor) -> torch.Tensor:
+        return torch.flip(x, [0])
+
+    with pytest.raises(BackendError, match=r"the portable backend cannot run flip \(aten\.flip\.default\): "
+                                           r"no kernel for aten\.flip\.default") as raised:
+        edgedyn.export(flipped, (torch.randn(3, 4),), backend="portable", output=tmp_path / "c.edgedyn")
     assert "try --backend tvm" in raised.value.hint and "convolution.default" in raised.value.hint
 
 

@@ -177,8 +177,12 @@ def test_a_bundle_for_another_cpu_is_refused(export_example):
     with pytest.raises(rt.PlatformError) as info:
         rt.load(export_example("tiny_cnn", board=board))
     assert info.value.message.endswith("was built for {} (board {}), but this machine is {}".format(arch, board, here))
-    assert info.value.hint == "run it on a {} board, or export again for this machine with --board {}".format(
+    hint = "run it on a {} board, or export again for this machine with --board {}".format(
         board, "x86-64" if here == "x86_64" else "<your board>")
+    if arch == "aarch64" and here == "x86_64":
+        hint += ("; to check it here, on the board emulated under qemu: edgedyn verify "
+                 "tiny_cnn-{}-tvm.edgedyn --emulate".format(board))
+    assert info.value.hint == hint
 
 
 def test_member_names_must_be_plain_relative_paths(export_example, tmp_path):

@@ -71,10 +71,10 @@ def test_cli_export_and_verify(run_cli, tmp_path):
     assert "verified 1 output(s) of 1 specialization(s)" in result.stderr
 
 
-class Cumulative(nn.Module):
+class Unsupported(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(x)
-        return torch.cumsum(y, dim=1) + torch.flip(y, [0])
+        y = torch.tanh(x) * 0.5
+        return torch.erfinv(y) + torch.flip(y, [0])
 
 
 class Upsampler(nn.Module):
@@ -99,11 +99,11 @@ def _export_error(model, example, tmp_path):
 
 
 def test_unsupported_op_names_the_op_the_line_and_other_backends(tmp_path):
-    error = _export_error(Cumulative(), (torch.randn(2, 5),), tmp_path)
-    assert error.message.startswith("the tflite backend cannot express aten.cumsum.default "
+    error = _export_error(Unsupported(), (torch.randn(2, 5),), tmp_path)
+    assert error.message.startswith("the tflite backend cannot express aten.erfinv.default "
                                     "(no TFLite converter for this op), at ")
     assert "test_tflite_backend.py:" in error.message
-    assert "in forward: return torch.cumsum(y, dim=1) + torch.flip(y, [0])" in error.message
+    assert "in forward: return torch.erfinv(y) + torch.flip(y, [0])" in error.message
     assert error.message.endswith("; this graph also uses: aten.flip.default")
     assert error.hint.startswith("backends that support it: ")
     assert "tvm" in error.hint and "export with --backend " in error.hint
@@ -123,26 +123,26 @@ def test_unsupported_second_output(tmp_path):
 
 
 def test_unsupported_op_through_the_cli(run_cli, tmp_path):
-    model = tmp_path / "cum.py"
-    model.write_text("import torch\n\n\nclass Cum(torch.nn.Module):\n    def forward(self, x):\n"
-                     "        return torch.cumsum(x, 0)\n")
-    result = run_cli("export", "{}:Cum".format(model), "--input", "x=4x3", "--backend", "tflite",
+    model = tmp_path / "inverse.py"
+    model.write_text("import torch\n\n\nclass Inverse(torch.nn.Module):\n    def forward(self, x):\n"
+                     "        return torch.erfinv(x)\n")
+    result = run_cli("export", "{}:Inverse".format(model), "--input", "x=4x3", "--backend", "tflite",
                      "-o", str(tmp_path / "c.edgedyn"), env={"COLUMNS": "400"})
-    assert result.returncode != 0
-    assert "error: the tflite backend cannot express aten.cumsum.default" in result.stderr
-    assert "{}:6 in forward: return torch.cumsum(x, 0)".format(model) in result.stderr
+    assert result.returncode == 2
+    assert "error: the tflite backend cannot express aten.erfinv.default" in result.stderr
+    assert "{}:6 in forward: return torch.erfinv(x)".format(model) in result.stderr
     assert "hint: backends that support it:" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_function_models_name_the_users_line_too(tmp_path):
-    def running_total(x):
-        return torch.cumsum(x, 0)  # the line the error must point at
+    def inverse(x):
+        return torch.erfinv(x)  # the line the error must point at
 
-    line = running_total.__code__.co_firstlineno + 1
-    error = _export_error(running_total, (torch.randn(4, 3),), tmp_path)
-    assert "cannot express aten.cumsum.default (no TFLite converter for this op), at tests/test_tflite_backend.py:" \
-           "{} in running_total: return torch.cumsum(x, 0)".format(line) in error.message
+    line = inverse.__code__.co_firstlineno + 1
+    error = _export_error(inverse, (torch.randn(4, 3),), tmp_path)
+    assert "cannot express aten.erfinv.default (no TFLite converter for this op), at tests/test_tflite_backend.py:" \
+           "{} in inverse: return torch.erfinv(x)".format(line) in error.message
 
 
 def test_missing_litert_names_the_install_command(tflite_bundle, monkeypatch):

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 import edgedyn
 import edgedyn.runtime as rt
+from edgedyn.errors import BackendError
 
 pytestmark = pytest.mark.requires("ai_edge_litert", "tflite")
 RTOL = 1e-4
@@ -59,6 +60,10 @@ CASES = {
     "depthwise": (seq(conv(4, 4, groups=4, padding=1)), [IMG]),
     "depthwise_stride2": (seq(conv(4, 4, groups=4, stride=2, padding=1)), [IMG]),
     "depthwise_multiplier2": (seq(conv(4, 8, groups=4, padding=1)), [IMG]),
+    "grouped_conv": (seq(conv(4, 6, groups=2, padding=1)), [IMG]),
+    "conv1d": (seq(nn.Conv1d(4, 6, 3, padding=1)), [(2, 4, 13)]),
+    "conv1d_stride_dilation": (seq(nn.Conv1d(4, 6, 5, stride=2, dilation=2, padding=3)), [(1, 4, 21)]),
+    "conv1d_grouped": (seq(nn.Conv1d(8, 8, 4, groups=4, padding=2)), [(1, 8, 11)]),
     # fully connected and matrix products
     "linear": (seq(nn.Linear(16, 7)), [(3, 16)]),
     "linear_3d": (seq(nn.Linear(16, 7)), [(2, 3, 16)]),
@@ -98,10 +103,13 @@ CASES = {
     "avgpool2": (seq(nn.AvgPool2d(2)), [(1, 3, 8, 10)]),
     "avgpool3_pad1_count_pad": (seq(nn.AvgPool2d(3, 1, 1)), [IMG]),
     "avgpool3_pad1_exclude_pad": (seq(nn.AvgPool2d(3, 1, 1, count_include_pad=False)), [IMG]),
+    "avgpool_window_past_image_ceil": (seq(nn.AvgPool2d(16, ceil_mode=True)), [IMG]),  # EfficientNet's head
     "adaptive_avgpool_1": (seq(conv(), nn.AdaptiveAvgPool2d(1)), [IMG]),
     "adaptive_avgpool_2": (seq(nn.AdaptiveAvgPool2d((2, 3))), [(1, 3, 8, 9)]),
     "mean_channels_of_nhwc": (Fn(lambda m, x: m[0](x).mean(1)), [IMG], conv()),
     "mean_hw_no_keepdim": (Fn(lambda m, x: m[0](x).mean((2, 3))), [IMG], conv()),
+    "cumsum": (Fn(lambda m, x: torch.cumsum(x, 1)), [(3, 7)]),
+    "cumsum_channels_of_nhwc": (Fn(lambda m, x: torch.cumsum(m[0](x), 1)), [IMG], conv()),
     "sum_and_amax": (Fn(lambda m, x: x.sum(-1) + x.amax(0)), [(4, 4)]),
     # shapes and layout
     "flatten_nhwc": (Fn(lambda m, x: torch.flatten(m[0](x), 1)), [IMG], conv()),
@@ -123,9 +131,29 @@ CASES = {
     "pad_zeros": (Fn(lambda m, x: F.pad(x, (1, 2, 0, 3))), [(2, 3, 4)]),
     "pad_value": (Fn(lambda m, x: F.pad(x, (2, 0), value=1.5)), [(3, 4)]),
     "pad_nhwc": (Fn(lambda m, x: F.pad(m[0](x), (1, 1, 2, 0))), [IMG], conv()),
+    # comparisons, boolean masks and where (attention masks computed from the input)
+    "compare_where": (Fn(lambda m, x, y: torch.where(x > 0.3, x, y * 2) + torch.where(x <= y, 1.5, x)),
+                      [(4, 6), (4, 6)]),
+    "logical_and_or_not": (Fn(lambda m, x, y: torch.where(((x > 0) & (y < 0.5)) | ~(x > -1), x, y)),
+                           [(4, 6), (4, 6)]),
+    "eq_ne_tensor": (Fn(lambda m, x: torch.where(x.eq(x.amax(-1, keepdim=True)), 2.0, x)
+                        + torch.where(x.ne(x.amax(0)), x, -3.0)), [(5, 6)]),
+    "any_row_safe_softmax": (Fn(lambda m, x: torch.where(torch.any(x > 1.2, -1, keepdim=True).logical_not(),
+                                                         torch.full_like(x, 0.5), torch.softmax(x, -1))), [(8, 5)]),
+    "where_on_nhwc": (Fn(lambda m, x: torch.where(m[0](x) > 0, m[0](x), 0.1 * m[0](x))), [IMG], conv()),
+    "full_like_at_run_time": (Fn(lambda m, x: x * torch.full_like(x, 0.25) + torch.full_like(x, 1.5)),
+                              [(1, 4, 64, 80)]),  # past the folding size limit: BROADCAST_TO at run time
+    # resizing (interpolate)
+    "bilinear_x2": (Fn(lambda m, x: F.interpolate(x, scale_factor=2, mode="bilinear")), [(1, 3, 5, 7)]),
+    "bilinear_to_size_align_corners": (Fn(lambda m, x: F.interpolate(x, size=(9, 4), mode="bilinear",
+                                                                      align_corners=True)), [(1, 3, 5, 7)]),
+    "bilinear_of_nhwc_down": (Fn(lambda m, x: F.interpolate(m[0](x), size=(4, 5), mode="bilinear")), [IMG], conv()),
+    "nearest_x2": (Fn(lambda m, x: F.interpolate(x, scale_factor=2, mode="nearest")), [(1, 3, 5, 7)]),
     # normalization
     "layer_norm": (seq(nn.LayerNorm(16)), [(2, 5, 16)]),
     "layer_norm_2d": (seq(nn.LayerNorm((5, 16))), [(2, 5, 16)]),
+    "group_norm": (seq(nn.GroupNorm(2, 4)), [IMG]),
+    "group_norm_1d_one_group": (seq(nn.GroupNorm(1, 4)), [(2, 4, 13)]),
     "batch_norm_unfolded": (seq(nn.BatchNorm1d(6)), [(4, 6)]),
     "batch_norm_2d_on_input": (seq(nn.BatchNorm2d(4)), [IMG]),
 }
@@ -140,7 +168,7 @@ def _randomize(model: nn.Module) -> nn.Module:
             module.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
             module.weight.data.copy_(torch.randn(n, generator=generator))
             module.bias.data.copy_(torch.randn(n, generator=generator))
-        if isinstance(module, nn.LayerNorm):
+        if isinstance(module, (nn.LayerNorm, nn.GroupNorm)):
             module.weight.data.copy_(torch.randn(module.weight.shape, generator=generator))
             module.bias.data.copy_(torch.randn(module.bias.shape, generator=generator))
     return model.eval()
@@ -152,6 +180,86 @@ def _case(name: str) -> Tuple[nn.Module, Sequence[Tuple[int, ...]]]:
     cls = Fn2 if len(shapes) == 2 else Fn
     model = cls(model.fn, *(list(model.layers) + list(entry[2:])))
     return _randomize(model), shapes
+
+
+def test_a_rounded_scale_factor_is_refused_with_the_fix(tmp_path) -> None:
+    model = Fn(lambda m, x: F.interpolate(x, scale_factor=2.5, mode="bilinear")).eval()
+    with pytest.raises(BackendError, match="scale_factor=2.5 from 5 to 12 pixels") as raised:
+        edgedyn.export(model, (torch.randn(1, 3, 5, 6),), backend="tflite", output=tmp_path / "r.edgedyn",
+                       verify=False)
+    assert "pass size= instead" in str(raised.value)
+
+
+def _lookup_model() -> nn.Module:
+    torch.manual_seed(3)
+    table = nn.Embedding(50, 8)
+    position = nn.Embedding(7, 8)
+    return Fn(lambda m, ids: m[0](ids) + m[1].weight * 0.5, table, position).eval()
+
+
+def test_embedding_takes_int64_token_ids(tmp_path) -> None:
+    model = _lookup_model()
+    example = torch.randint(0, 50, (2, 7))
+    bundle = edgedyn.export(model, (example,), backend="tflite", output=tmp_path / "ids.edgedyn", verify=False)
+    program = rt.load(bundle, threads=1)
+    for seed in (zlib.crc32(b"embedding"), 11):
+        ids = np.random.default_rng(seed).integers(0, 50, (2, 7)).astype(np.int64)
+        with torch.no_grad():
+            expected = model(torch.from_numpy(ids)).numpy()
+        np.testing.assert_allclose(program(ids), expected, rtol=RTOL, atol=RTOL * float(np.abs(expected).max()))
+
+
+def test_embedding_refuses_an_id_past_the_table(tmp_path) -> None:
+    model = _lookup_model()
+    bundle = edgedyn.export(model, (torch.randint(0, 50, (2, 7)),), backend="tflite",
+                            output=tmp_path / "ids.edgedyn", verify=False)
+    program = rt.load(bundle, threads=1)
+    ids = np.random.default_rng(5).integers(0, 50, (2, 7)).astype(np.int64)
+    ids[1, 3] = 50 + (1 << 32)  # narrowed to int32 this would wrap to 50; past the table either way
+    with pytest.raises(Exception, match="(?i)gather|index|bound"):
+        program(ids)
+
+
+class _Positions(nn.Module):
+    """RoBERTa's lookups: position ids computed from the token ids (ne, cast, cumsum, mul, add) and a gather."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(4)
+        self.tokens, self.positions, self.types = nn.Embedding(50, 8), nn.Embedding(20, 8), nn.Embedding(2, 8)
+        self.register_buffer("type_ids", torch.randint(0, 2, (1, 9)))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids.ne(1).int()
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) + 0) * mask + 1
+        types = torch.gather(self.type_ids, 1, positions.long() - 1)
+        return self.tokens(ids) + self.positions(positions) + self.types(types)
+
+
+def _token_ids(seed: int) -> np.ndarray:
+    ids = np.random.default_rng(seed).integers(0, 50, (1, 9)).astype(np.int64)
+    ids[:, -3:] = 1  # padding: its position ids differ from an arange
+    return ids
+
+
+def test_position_ids_computed_from_token_ids(tmp_path) -> None:
+    model = _Positions().eval()
+    bundle = edgedyn.export(model, (torch.from_numpy(_token_ids(0)),), backend="tflite",
+                            output=tmp_path / "pos.edgedyn", verify=False)
+    program = rt.load(bundle, threads=1)
+    for seed in (zlib.crc32(b"positions"), 2):
+        ids = _token_ids(seed)
+        with torch.no_grad():
+            expected = model(torch.from_numpy(ids)).numpy()
+        np.testing.assert_allclose(program(ids), expected, rtol=RTOL, atol=RTOL * float(np.abs(expected).max()))
+
+
+def test_integer_arithmetic_tflite_does_not_run_is_refused_in_words(tmp_path) -> None:
+    model = Fn(lambda m, ids: m[0](ids.sum(-1, keepdim=True)), nn.Embedding(500, 4)).eval()
+    with pytest.raises(BackendError, match="it has int64 tensors at run time; the TFLite writer handles float32 "
+                                           "data, bool masks and integer ids"):
+        edgedyn.export(model, (torch.randint(0, 50, (2, 7)),), backend="tflite", output=tmp_path / "s.edgedyn",
+                       verify=False)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -6,6 +6,11 @@ silently ships CUDA *source* for the board to compile. So this worker loads the 
 or a stub that answers "no device" to every call (compiled here from the symbols TVM's library imports), before
 TVM is imported; the device code itself is compiled to PTX by NVRTC. A separate process keeps the stub out of
 the user's process (where it would shadow a real driver) and works even when the caller imported TVM already.
+
+Each TIR function gets the first dlight GPU rule that schedules it: TVM's own ApplyDefaultSchedule lets one rule's
+assertion (Matmul on a convolution fused with a following pad, as in transformers' MobileNetV2) end the whole
+build, although a later rule would have scheduled that function. Which rule each function got, and why earlier
+ones failed, goes into result.json; a function no rule schedules ends the build with failure.json saying so.
 """
 import ctypes
 import importlib.util
@@ -15,7 +20,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
+
+# dlight's GPU rules in TVM's default order (relax/backend/cuda/pipeline.py); Fallback schedules any function
+# that fits the GPU's thread limits, so it comes last.
+RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
+
+
+class ScheduleFailure(Exception):
+    """Some function could not be scheduled by any rule: the GPU build cannot produce device code for it."""
 
 _STUB_SOURCE = """/* edgedyn build stub for libcuda.so.1: no GPU here, every driver call reports CUDA_ERROR_NO_DEVICE. */
 static const char no_device[] = "CUDA_ERROR_NO_DEVICE (edgedyn build stub: no GPU on this machine)";
@@ -113,8 +126,16 @@ def build(request: Dict[str, Any]) -> Dict[str, Any]:
     if request["precision"] == "fp16":
         module = relax.transform.ToMixedPrecision(out_dtype="float32")(module)
     target = tvm.target.Target(request["target"]["tvm"], host=tvm.target.Target(request["target"]["tvm_host"]))
+    schedules = {"rules": {}, "rule_failures": {}, "unscheduled": {}}  # type: Dict[str, Dict[str, Any]]
     with target:
-        executable = tvm.compile(module, target, relax_pipeline=relax.get_default_pipeline(target))
+        try:
+            executable = tvm.compile(module, target, relax_pipeline=_cuda_pipeline(tvm, relax, target, schedules))
+        except Exception as error:
+            # TVM's FFI re-raises what a pass raised as a plain RuntimeError: the record says whether it was ours
+            if schedules["unscheduled"]:
+                raise ScheduleFailure(_unscheduled_reason(schedules["unscheduled"])) from error
+            raise
+    del schedules["unscheduled"]
     library = out / "model.so"
     if request.get("cross_compiler"):
         from tvm.support import cc
@@ -125,10 +146,89 @@ def build(request: Dict[str, Any]) -> Dict[str, Any]:
     (out / "kernels.ptx").write_bytes(b"\n".join(kernels))
     order = ["w{:04d}".format(i) for i in range(len(weights))]
     (out / "weights.npz").write_bytes(pack_arrays(dict(zip(order, weights))))
-    result = {"driver": driver, "weight_order": order, "nvrtc": nvrtc.version(), "kernel_modules": len(kernels)}
+    result = {"driver": driver, "weight_order": order, "nvrtc": nvrtc.version(), "kernel_modules": len(kernels),
+              "schedules": schedules}
     if request["precision"] == "fp16" and request.get("reference"):
         result["accuracy"] = _fp16_accuracy_on_cpu(module, request, np)
     return result
+
+
+def _cuda_pipeline(tvm: Any, relax: Any, target: Any, schedules: Dict[str, Dict[str, Any]]) -> Any:
+    """TVM's default CUDA pipeline with its ApplyDefaultSchedule replaced by `_first_working_rule`."""
+    from tvm.relax.backend.cuda import pipeline
+
+    legalize = [p for p in pipeline.legalize_passes(target) if p.info.name != "ApplyDefaultSchedule"]
+
+    @tvm.transform.module_pass(opt_level=0, name="EdgedynFirstWorkingRule")
+    def schedule(mod: Any, _ctx: Any) -> Any:
+        return _first_working_rule(tvm, mod, target, schedules)
+
+    @tvm.transform.module_pass(opt_level=0)
+    def _pipeline(mod: Any, _ctx: Any) -> Any:
+        with target:
+            return tvm.transform.Sequential(
+                pipeline.library_dispatch_passes(target) + legalize + [schedule]
+                + pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target))(mod)
+
+    return _pipeline
+
+
+def _first_working_rule(tvm: Any, mod: Any, target: Any, schedules: Dict[str, Dict[str, Any]]) -> Any:
+    """Schedules every unscheduled TIR function with the first rule of RULES that succeeds, recording which;
+    a function that every applicable rule failed on stops the build (recorded in schedules["unscheduled"])."""
+    unscheduled = schedules["unscheduled"]
+    for g_var, func in list(mod.functions_items()):
+        if not isinstance(func, tvm.tirx.PrimFunc) or _is_scheduled(func):
+            continue
+        name = g_var.name_hint
+        rule, scheduled, failures = _schedule_function(func, target)
+        if failures:
+            schedules["rule_failures"][name] = failures
+        if scheduled is None:
+            if failures:  # when no rule even applies, TVM's pass leaves the function as it is too
+                unscheduled[name] = failures
+            continue
+        schedules["rules"][name] = rule
+        mod[g_var] = scheduled.with_attr("tirx.is_scheduled", True)
+    if unscheduled:
+        raise ScheduleFailure(_unscheduled_reason(unscheduled))
+    return mod
+
+
+def _unscheduled_reason(unscheduled: Dict[str, Dict[str, str]], shown: int = 3) -> str:
+    """The first few functions no rule scheduled, each with every rule's failure; a count for the rest."""
+    names = sorted(unscheduled)
+    text = "; ".join("{} ({})".format(name, ", ".join("{}: {}".format(rule, why) for rule, why in sorted(
+        unscheduled[name].items()))) for name in names[:shown])
+    return text + ("; and {} more".format(len(names) - shown) if len(names) > shown else "")
+
+
+def _schedule_function(func: Any, target: Any) -> Tuple[str, Any, Dict[str, str]]:
+    """(rule name, scheduled function or None, {rule: why it failed}) for the first rule that schedules `func`.
+    A rule that does not apply returns None and is skipped silently; one that raises is recorded."""
+    from tvm.s_tir import dlight
+
+    failures = {}  # type: Dict[str, str]
+    for rule in RULES:
+        try:
+            space = getattr(dlight.gpu, rule)().apply(func, target, False)
+        except Exception as error:  # noqa: BLE001 (a rule's internal assertion must not end the build)
+            failures[rule] = _one_line(error)
+            continue
+        if space is None:
+            continue
+        space = space if isinstance(space, list) else [space]
+        return rule, space[0].mod["main"], failures
+    return "", None, failures
+
+
+def _is_scheduled(func: Any) -> bool:
+    return "tirx.is_scheduled" in func.attrs and int(func.attrs["tirx.is_scheduled"]) == 1
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return "{}: {}".format(type(error).__name__, lines[-1] if lines else "")[:300]
 
 
 def _fp16_accuracy_on_cpu(module: Any, request: Dict[str, Any], np: Any) -> List[Dict[str, float]]:
@@ -156,13 +256,23 @@ def _fp16_accuracy_on_cpu(module: Any, request: Dict[str, Any], np: Any) -> List
     return report
 
 
+def _write_json(out: str, name: str, data: Dict[str, Any]) -> None:
+    handle, partial = tempfile.mkstemp(dir=out)
+    with os.fdopen(handle, "w") as stream:
+        json.dump(data, stream)
+    os.replace(partial, str(Path(out) / name))
+
+
 def main() -> None:
     request = json.loads(Path(sys.argv[1]).read_text())
-    result = build(request)
-    handle, partial = tempfile.mkstemp(dir=request["out"])
-    with os.fdopen(handle, "w") as stream:
-        json.dump(result, stream)
-    os.replace(partial, str(Path(request["out"]) / "result.json"))
+    try:
+        result = build(request)
+    except ScheduleFailure as error:
+        # A known cause, in words, for the parent's message (anything else: the parent shows stderr's tail).
+        _write_json(request["out"], "failure.json",
+                    {"reason": "no dlight GPU schedule works for: {}".format(error)})
+        sys.exit(1)
+    _write_json(request["out"], "result.json", result)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ def lower(build: Build) -> Artifact:
         weights["w{:04d}".format(len(weights))] = state[name].detach().contiguous().numpy()
     weight_key = dict(zip(weight_of, weights))
     fakes = _FakeArrays()
-    plan = graph_tensors(program.graph, user_inputs, workspace=lambda node: _scratch_bytes(node, fakes))
-    graph = _graph_record(program.graph, plan, user_inputs, weight_key, fakes)
+    steps = _without_checks(program.graph)
+    plan = graph_tensors(steps, user_inputs, workspace=lambda node: _scratch_bytes(node, fakes))
+    graph = _graph_record(steps, plan, user_inputs, weight_key, fakes)
     return Artifact(
         backend="portable",
         executor="portable",
@@ -50,6 +51,22 @@ def lower(build: Build) -> Artifact:
         file_names={"graph": "graph.json", "weights": "weights.npz", "plan": "memory_plan.json"},
         meta={"tolerance": dict(FP32_TOLERANCE), "memory": plan.summary(), "requires": {"python": ["numpy>=1.19"]}},
     )
+
+
+# Checks torch.export leaves in the graph (the dtype of a traced value): nothing to compute, no output to plan;
+# the bundle's guards check the inputs on the board.
+_CHECKS = ("aten._assert_tensor_metadata.default",)
+
+
+def _without_checks(graph: fx.Graph) -> fx.Graph:
+    """A copy of the graph without _CHECKS nodes (the program itself is shared with the other backends)."""
+    copy = fx.Graph()
+    values = {}  # type: Dict[fx.Node, fx.Node]
+    copy.output(copy.graph_copy(graph, values))
+    for node in list(copy.nodes):
+        if node.op == "call_function" and op_name(node) in _CHECKS and not node.users:
+            copy.erase_node(node)
+    return copy
 
 
 class _FakeArrays:

@@ -10,10 +10,9 @@ from typing import Any, Dict, List, Optional
 
 from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import Target
-from edgedyn.errors import BackendError, MissingDependencyError
+from edgedyn.errors import BackendError, GpuBuildError, MissingDependencyError
 from edgedyn.runtime.format import cache_dir, host_arch, pack_arrays
 from edgedyn.runtime.program import FP32_TOLERANCE
-
 
 
 def _import_tvm() -> Any:
@@ -132,15 +131,13 @@ def lower_cuda(program: Any, target: Target, tensor_inputs: List[str], precision
         done = subprocess.run([sys.executable, "-m", "edgedyn.backends.gpu_worker", str(work / "request.json")],
                               capture_output=True, text=True, env=env)
         if done.returncode != 0 or not (work / "result.json").is_file():
-            raise BackendError("the TVM CUDA build for {} failed:\n{}".format(arch, _tail(done.stderr)),
-                               hint="install the GPU build tools with pip install 'edgedyn[cuda]'; "
-                                    "EDGEDYN_DEBUG=1 shows more")
+            raise _build_failure(arch, work, done.stderr)
         result = json.loads((work / "result.json").read_text())
         _strip(work / "model.so", target)
         library, ptx = (work / "model.so").read_bytes(), (work / "kernels.ptx").read_bytes()
         weights = (work / "weights.npz").read_bytes()
     facts = check_device_code(library, ptx, arch)
-    gpu = dict(facts, arch=arch, code_format="ptx", nvrtc=result["nvrtc"],
+    gpu = dict(facts, arch=arch, code_format="ptx", nvrtc=result["nvrtc"], schedules=result["schedules"],
                runtime="apache-tvm built with CUDA (its CUDA runtime calls CUDA 12 driver functions)")
     meta = {"weight_order": result["weight_order"], "tvm_target": target.to_dict()["tvm"],
             "tvm_host": target.to_dict()["tvm_host"], "gpu": gpu, "precision": precision,
@@ -153,6 +150,18 @@ def lower_cuda(program: Any, target: Target, tensor_inputs: List[str], precision
                     files={"library": library, "weights": weights, "kernels": ptx},
                     file_names={"library": "model.so", "weights": "weights.npz", "kernels": "kernels.ptx"},
                     meta=meta)
+
+
+def _build_failure(arch: str, work: Path, stderr: str) -> GpuBuildError:
+    """The worker's own reason when it knows one (failure.json), else the end of its stderr: never a guess."""
+    failure = work / "failure.json"
+    if failure.is_file():
+        reason = json.loads(failure.read_text())["reason"]
+        return GpuBuildError("the TVM CUDA build for {} failed: {}".format(arch, reason),
+                             hint="export with --device cpu for a CPU-only bundle, or --backend onnxruntime for its "
+                                  "CUDA/TensorRT providers on the board")
+    return GpuBuildError("the TVM CUDA build for {} failed:\n{}".format(arch, _tail(stderr)),
+                         hint="export with --device cpu for a CPU-only bundle; EDGEDYN_DEBUG=1 shows more")
 
 
 def _require_gpu_toolchain() -> None:
@@ -175,11 +184,11 @@ def check_device_code(library: bytes, ptx: bytes, arch: str) -> Dict[str, Any]:
 
     facts = nvrtc.ptx_facts(ptx)
     if not ptx or facts["ptx_target"] != arch or facts["kernels"] == 0:
-        raise BackendError("the CUDA build for {} produced no device code for it (PTX target {}, {} kernels); "
+        raise GpuBuildError("the CUDA build for {} produced no device code for it (PTX target {}, {} kernels); "
                            "its kernels would run as host code or not at all".format(
                                arch, facts["ptx_target"], facts["kernels"]))
     if ptx[:4000] not in library:
-        raise BackendError("the built library does not embed the PTX compiled for {}".format(arch))
+        raise GpuBuildError("the built library does not embed the PTX compiled for {}".format(arch))
     return facts
 
 

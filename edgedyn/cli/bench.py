@@ -29,6 +29,9 @@ def bench_command(
         "--json", help="Also write the full report as JSON to this file ('-' for stdout, without the table).")] = None,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
+    emulate: Annotated[bool, typer.Option("--emulate", help="Run it on an emulated board of the bundle's kind "
+                                          "(qemu-user): checks that it runs there; the timings mean nothing.")]
+    = False,
 ) -> None:
     """Time a bundle's inference: latency percentiles, throughput, init time, peak memory, guard overhead."""
     from edgedyn.runtime.bench import BenchConfig, run_benchmark
@@ -39,8 +42,13 @@ def bench_command(
                          threads=threads, specialization=specialization,
                          inputs=str(inputs) if inputs is not None else None, random_inputs=random_inputs,
                          device=device)
-    with _progress(bundle.name) as on_progress:
-        report = run_benchmark(str(bundle), config, on_progress=on_progress)
+    if emulate:
+        from edgedyn.emulate import bench_emulated
+
+        report = bench_emulated(bundle, config)
+    else:
+        with _progress(bundle.name) as on_progress:
+            report = run_benchmark(str(bundle), config, on_progress=on_progress)
     err.print("using {}".format(report["selection"]))
     for warning in report["warnings"]:
         err.print("warning: {}".format(warning))
@@ -89,9 +97,16 @@ def summary_table(report: Dict[str, Any]) -> Table:
         ("bundle sha256", report["bundle_sha256"]),
     ]
     rows += [("clocks", line) for line in describe_clocks(env)]
+    if "emulation" in report:  # edgedyn.emulate: a timing under qemu says nothing about the board
+        rows = [(name, value + " ({})".format(report["emulation"]["timings"]) if name in _TIMED_ROWS else value)
+                for name, value in rows]
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+_TIMED_ROWS = ("load + init", "first inference", "iterations", "latency min / mean / median",
+               "latency p90 / p95 / p99 / max", "latency std", "throughput", "guard check")
 
 
 def _arrays(arrays: Dict[str, Any]) -> str:

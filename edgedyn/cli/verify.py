@@ -18,11 +18,18 @@ def verify_command(
     trusted_keys: Annotated[Optional[List[Path]], typer.Option(
         "--trusted-keys", help="Public key file (KEY.pub from `edgedyn keygen`); repeat for several. Only a bundle "
                                "signed by one of them is opened. Default: the files in EDGEDYN_TRUSTED_KEYS.")] = None,
+    emulate: Annotated[bool, typer.Option("--emulate", help="Verify on an emulated board of the bundle's kind: its "
+                                          "Debian arm64 root filesystem (built once, cached) under qemu-user with "
+                                          "the board's CPU.")] = False,
 ) -> None:
     """Run every specialization on its reference inputs; exit 1 when an output differs beyond tolerance."""
     import edgedyn.runtime as rt
     from edgedyn.runtime.format import host_arch
 
+    if emulate:
+        from edgedyn.emulate import verify_emulated
+
+        raise typer.Exit(verify_emulated(bundle, json_=json_, threads=threads, device=device))
     program = rt.load(bundle, threads=threads, device=device, trusted_keys=trusted_keys or None)
     if program.bundle.signed_by:
         err.print("signature ok: signed by trusted key {}...".format(program.bundle.signed_by[:16]))

@@ -302,11 +302,15 @@ def _no_match_hint(signature: List[Dict[str, Any]], values: Dict[str, Any]) -> s
 def _wrong_platform(bundle: Bundle, spec: Specialization, arch: str) -> PlatformError:
     built = sorted({str(a.get("arch")) for a in spec.record["artifacts"]})
     board = bundle.manifest["board"]
+    hint = "run it on a {} board, or export again for this machine with --board {}".format(
+        board.get("name"), "x86-64" if arch == "x86_64" else "<your board>")
+    if arch == "x86_64" and "aarch64" in built:  # the host tools emulate aarch64 boards (edgedyn/emulate)
+        hint += "; to check it here, on the board emulated under qemu: edgedyn verify {} --emulate".format(
+            bundle.path.name)
     return PlatformError(
         "bundle {} was built for {} (board {}), but this machine is {}".format(
             bundle.path.name, "/".join(built), board.get("name"), arch),
-        hint="run it on a {} board, or export again for this machine with --board {}".format(
-            board.get("name"), "x86-64" if arch == "x86_64" else "<your board>"),
+        hint=hint,
     )
 
 

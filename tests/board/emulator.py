@@ -1,9 +1,8 @@
-"""An emulated aarch64 board running this checkout's edgedyn: what the board tests and benchmarks use.
+"""The board tests' emulated boards: two images with what the low-level tests need, on the package's emulator.
 
-The board is a cached arm64 Debian root filesystem under qemu-user (`rootfs.py`); edgedyn reaches it the way a
-user's `pip install` would put it there, as a wheel built from this checkout (`wheels.py`). Only this module
-knows about the repository: `rootfs.py` and `wheels.py` take paths, so they could serve a `verify --emulate` in
-the package. Timings under emulation mean nothing; use the board for correctness only.
+The machinery is edgedyn.emulate (what `edgedyn verify --emulate` uses): `rootfs.py` makes the cached arm64
+Debian tree and runs it under qemu-user, `wheels.py` installs a wheel of this checkout beside it. This module only
+names the images the tests run and installs this checkout on them. Timings under emulation mean nothing.
 """
 import json
 import subprocess
@@ -12,9 +11,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from .rootfs import (INSTALL_HINT, SUITES, BoardBuildError, BoardImage, Suite, default_cache_dir, ensure_rootfs,
-                     missing_tools, run_on_board)
-from .wheels import build_wheel, install_wheel
+from edgedyn.emulate.rootfs import (INSTALL_HINT, SUITES, BoardBuildError, BoardImage, Suite, default_cache_dir,
+                                    ensure_rootfs, missing_tools, run_on_board)
+from edgedyn.emulate.wheels import build_wheel, host_wheel, install_wheel
 
 __all__ = [
     "BULLSEYE_OLD",
@@ -72,7 +71,7 @@ def image_of(rootfs: Path) -> BoardImage:
 def installed_checkout(rootfs: Path) -> Path:
     """The site folder holding this checkout's edgedyn, installed from a freshly built wheel (once per process)."""
     with tempfile.TemporaryDirectory(prefix="edgedyn-wheel-") as folder:
-        return install_wheel(Path(rootfs), build_wheel(REPO, Path(folder)), image_of(Path(rootfs)))
+        return install_wheel(Path(rootfs), host_wheel(Path(folder)), image_of(Path(rootfs)))
 
 
 def run_edgedyn(rootfs: Path, argv: Sequence[str], cpu: str = "cortex-a72",

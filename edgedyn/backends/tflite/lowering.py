@@ -220,11 +220,38 @@ def _check_supported(graph: fx.Graph, parameters: Dict[str, Any], converters: Di
         raise unsupported_error(missing[0], "no TFLite converter for this op", others, alternatives)
 
 
+# What tensors computed at run time may hold: float32 data and bool masks (comparisons, where, any)...
+_RUNTIME_DTYPES = (torch.float32, torch.bool)
+# ...and integer ids, where only ops that TFLite runs on integers touch them: lookups, the position-id
+# arithmetic of RoBERTa (compare, cast, cumsum, add, mul) and reshapes. No integer matmul, division or activation.
+_INDEX_DTYPES = (torch.int64, torch.int32)
+_aten = torch.ops.aten
+_INTEGER_OPS = frozenset([
+    _aten.embedding.default, _aten.gather.default, _aten.cumsum.default, _aten._to_copy.default,
+    _aten.add.Tensor, _aten.add.Scalar, _aten.sub.Tensor, _aten.mul.Tensor, _aten.mul.Scalar,
+    _aten.eq.Scalar, _aten.eq.Tensor, _aten.ne.Scalar, _aten.ne.Tensor, _aten.lt.Scalar, _aten.le.Scalar,
+    _aten.gt.Scalar, _aten.ge.Scalar, _aten.view.default, _aten.reshape.default, _aten._unsafe_view.default,
+    _aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.dims, _aten.flatten.using_ints,
+    _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.clone.default,
+])
+
+
 def _check_dtype(node: fx.Node, alternatives: List[str]) -> None:
     val = node.meta.get("val")
-    if isinstance(val, torch.Tensor) and val.dtype != torch.float32:
-        raise unsupported_error(node, "it has {} tensors at run time; the TFLite writer handles float32 "
-                                      "graphs".format(str(val.dtype).replace("torch.", "")), [], alternatives)
+    if not isinstance(val, torch.Tensor) or val.dtype in _RUNTIME_DTYPES:
+        return
+    if val.dtype in _INDEX_DTYPES and _integer_ok(node):
+        return
+    raise unsupported_error(node, "it has {} tensors at run time; the TFLite writer handles float32 data, bool "
+                                  "masks and integer ids (lookups, compares, casts, cumsum, add, mul)".format(
+                                      str(val.dtype).replace("torch.", "")), [], alternatives)
+
+
+def _integer_ok(node: fx.Node) -> bool:
+    """An integer tensor made by an op TFLite runs on integers (a placeholder: used only by such ops)."""
+    if node.op == "placeholder":
+        return bool(node.users) and all(user.target in _INTEGER_OPS for user in node.users)
+    return node.target in _INTEGER_OPS
 
 
 def _foldable(node: fx.Node) -> bool:
@@ -258,7 +285,7 @@ def _fold(node: fx.Node, args: Any, kwargs: Any) -> Any:
     result = node.target(*fx.node.map_aggregate(args, to_torch), **fx.node.map_aggregate(kwargs, to_torch))
     if isinstance(result, (tuple, list)):
         return tuple(constant(r.numpy()) if isinstance(r, torch.Tensor) else r for r in result)
-    return constant(result.numpy())
+    return constant(result.numpy()) if isinstance(result, torch.Tensor) else result  # checks return None
 
 
 def _output(ctx: Lowering, value: Value, inputs: List[int]) -> int:

@@ -40,12 +40,13 @@ class _Interpreter:
     def __init__(self, interpreter_class: Any, model: bytes, threads: int) -> None:
         self.interpreter = interpreter_class(model_content=model, num_threads=threads)
         self.interpreter.allocate_tensors()
-        self.inputs = [d["index"] for d in self.interpreter.get_input_details()]
+        # each input in the model's own type: float32 data, int64 token ids (the guards checked the dtypes)
+        self.inputs = [(d["index"], d["dtype"]) for d in self.interpreter.get_input_details()]
         self.outputs = [d["index"] for d in self.interpreter.get_output_details()]
 
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
-        for index, array in zip(self.inputs, inputs):
-            self.interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=np.float32))
+        for (index, dtype), array in zip(self.inputs, inputs):
+            self.interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=dtype))
         self.interpreter.invoke()
         return [self.interpreter.get_tensor(index) for index in self.outputs]
 

@@ -4,7 +4,7 @@ from typing import Any, Callable, Dict, List, Tuple  # noqa: F401 (type comments
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported, _pair, _view
+from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported, _pair, _view, is_global_average
 
 
 # --- convolution and pooling, NCHW ---
@@ -14,8 +14,19 @@ def _conv_geometry(args: List[Any]) -> Tuple[Tuple[int, int], Tuple[int, int], T
     if args[6]:
         raise Unsupported("transposed convolution")
     if args[0].ndim != 4:
-        raise Unsupported("{}-d convolution (only 2-d)".format(args[0].ndim - 2))
+        raise Unsupported("{}-d convolution (only 1-d and 2-d)".format(args[0].ndim - 2))
     return stride, padding, dilation, int(args[8])
+
+
+def _as_2d(outs: List[Any], args: List[Any]) -> Tuple[List[Any], List[Any]]:
+    """A 1-d convolution (N, C, L) as the 2-d one over (N, C, 1, L): views only (Whisper, Wav2Vec2)."""
+    if args[0].ndim != 3:
+        return outs, args
+    one = lambda value: [1, int(_pair(value)[0])]  # noqa: E731
+    zero = lambda value: [0, int(_pair(value)[0])]  # noqa: E731
+    args = [args[0][:, :, None, :], args[1][:, :, None, :], args[2], one(args[3]), zero(args[4]), one(args[5]),
+            args[6], zero(args[7]), args[8]]
+    return [o[:, :, None, :] if o is not None else None for o in outs], args
 
 
 def _padded_shape(x: np.ndarray, out: np.ndarray, kernel: Tuple[int, int], stride: Tuple[int, int],
@@ -63,28 +74,43 @@ def _conv_kind(outs: List[Any], args: List[Any]) -> str:
 
 
 def _conv_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
+    outs, args = _as_2d(outs, args)
     x, weight, out = args[0], args[1], outs[0]
     stride, padding, dilation, groups = _conv_geometry(args)
     kernel = (int(weight.shape[2]), int(weight.shape[3]))
-    if not out.flags.c_contiguous:
-        raise Unsupported("convolution writing a non-contiguous output")
+    # an output torch strides otherwise (channels last, as ConvNeXt's get) is computed in scratch, then copied
+    contiguous = [] if out.flags.c_contiguous else [tuple(out.shape)]
     kind = _conv_kind(outs, args)
     if kind == "pointwise":
-        return []
+        return contiguous
     padded = _padded_shape(x, out, kernel, stride, padding, dilation)
     shapes = [padded] if _needs_padding(x, padded) or not x.flags.c_contiguous else []
     if kind == "depthwise":
-        return shapes + [tuple(out.shape)]
+        return shapes + [tuple(out.shape)] + contiguous
     n, c = x.shape[0], x.shape[1]
-    return shapes + [(n, groups, c // groups * kernel[0] * kernel[1], out.shape[2] * out.shape[3])]
+    return shapes + [(n, groups, c // groups * kernel[0] * kernel[1], out.shape[2] * out.shape[3])] + contiguous
 
 
 def _conv(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
-    x, weight, bias, out = args[0], args[1], args[2], outs[0]
+    outs, args = _as_2d(outs, args)
+    final = outs[0]
+    if final.flags.c_contiguous:
+        return _conv_into(final, args, scratch)
+    out = scratch[-1].reshape(final.shape)  # the last scratch buffer (_conv_scratch)
+    run = _conv_into(out, args, scratch[:-1])
+
+    def run_and_copy() -> None:
+        run()
+        np.copyto(final, out)
+    return run_and_copy
+
+
+def _conv_into(out: np.ndarray, args: List[Any], scratch: List[np.ndarray]) -> Run:
+    x, weight, bias = args[0], args[1], args[2]
     stride, padding, dilation, groups = _conv_geometry(args)
     kernel = (int(weight.shape[2]), int(weight.shape[3]))
     n, o = out.shape[0], out.shape[1]
-    kind = _conv_kind(outs, args)
+    kind = _conv_kind([out], args)
     out3 = _view(out, (n, o, -1))
     add_bias = (lambda: np.add(out3, _view(bias, (o, 1)), out=out3)) if bias is not None else (lambda: None)
     if kind == "pointwise":
@@ -169,23 +195,34 @@ def _max_pool(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch:
 
 def _avg_pool_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
     ceil_mode = args[4] if len(args) > 4 else kwargs.get("ceil_mode", False)
-    include_pad = args[5] if len(args) > 5 else kwargs.get("count_include_pad", True)
     divisor = args[6] if len(args) > 6 else kwargs.get("divisor_override")
     kernel, stride, padding, _ = _pool_geometry(args[:4], kwargs)
-    if ceil_mode or divisor is not None or (padding != (0, 0) and not include_pad):
-        raise Unsupported("avg_pool2d with ceil_mode, divisor_override or count_include_pad=False")
+    if _global(outs, args, kwargs):
+        return []
+    if ceil_mode or divisor is not None:
+        raise Unsupported("avg_pool2d with ceil_mode or divisor_override")
     padded = _padded_shape(args[0], outs[0], kernel, stride, padding, (1, 1))
     return [padded] if _needs_padding(args[0], padded) else []
 
 
+def _global(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> bool:
+    kernel, _, padding, _ = _pool_geometry(args[:4], kwargs)
+    divisor = args[6] if len(args) > 6 else kwargs.get("divisor_override")
+    return divisor is None and args[0].ndim == 4 and is_global_average(
+        args[0].shape[2:], outs[0].shape[2:], kernel, padding)
+
+
 def _avg_pool(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
     x, out = args[0], outs[0]
+    if _global(outs, args, kwargs):
+        return lambda: np.mean(x, axis=(2, 3), keepdims=True, out=out)
     kernel, stride, padding, _ = _pool_geometry(args[:4], kwargs)
     padded = scratch[0].reshape(_padded_shape(x, out, kernel, stride, padding, (1, 1))) if scratch else x
     fill = _padding_of(x, padded, padding, 0.0)
     windows = _windows(padded, out, kernel, stride, (1, 1))
     taps = [windows[:, :, i, j] for i in range(kernel[0]) for j in range(kernel[1])]
-    scale = 1.0 / (kernel[0] * kernel[1])
+    include_pad = args[5] if len(args) > 5 else kwargs.get("count_include_pad", True)
+    scale = 1.0 / (kernel[0] * kernel[1]) if include_pad else _inside_counts(x, out, kernel, stride, padding)
 
     def run() -> None:
         fill()
@@ -194,6 +231,19 @@ def _avg_pool(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch:
             np.add(out, tap, out=out)
         np.multiply(out, scale, out=out)
     return run
+
+
+def _inside_counts(x: np.ndarray, out: np.ndarray, kernel: Tuple[int, int], stride: Tuple[int, int],
+                   padding: Tuple[int, int]) -> np.ndarray:
+    """1 / (how many input pixels each window covers), for count_include_pad=False (PoolFormer): computed
+    once at load by pooling a mask of the unpadded image."""
+    def per_axis(size: int, out_size: int, k: int, s: int, p: int) -> np.ndarray:
+        starts = np.arange(out_size) * s - p
+        return (np.minimum(starts + k, size) - np.maximum(starts, 0)).astype(np.float64)
+
+    rows = per_axis(x.shape[2], out.shape[2], kernel[0], stride[0], padding[0])
+    cols = per_axis(x.shape[3], out.shape[3], kernel[1], stride[1], padding[1])
+    return (1.0 / np.outer(rows, cols)).astype(out.dtype)
 
 
 def _adaptive_avg_pool(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:

@@ -1,10 +1,10 @@
-"""Elementwise ops, matrix products, reductions, normalization and copies."""
+"""Elementwise ops, matrix products and copies (reductions and normalization: reduce.py)."""
 import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported, _view
+from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported
 
 
 # --- elementwise ---
@@ -211,93 +211,6 @@ def _linear(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: L
     return run
 
 
-# --- reductions and normalization ---
-
-def _dims(x: np.ndarray, dims: Any) -> Tuple[int, ...]:
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        return tuple(range(x.ndim))
-    if isinstance(dims, int):
-        dims = [dims]
-    return tuple(sorted(int(d) % max(x.ndim, 1) for d in dims))
-
-
-def _reduction(ufunc_name: str) -> Callable[..., Run]:
-    def prepare(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
-        x, out = args[0], outs[0]
-        axes = _dims(x, args[1] if len(args) > 1 else kwargs.get("dim"))
-        keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-        target = out if keep else _view(out, tuple(1 if i in axes else n for i, n in enumerate(x.shape)))
-        function = getattr(np, ufunc_name)
-        return lambda: function(x, axis=axes, keepdims=True, out=target)
-    return prepare
-
-
-def _reduced_shape(x: np.ndarray, dim: int) -> Tuple[int, ...]:
-    return tuple(1 if i == dim % x.ndim else n for i, n in enumerate(x.shape))
-
-
-def _softmax_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
-    return [_reduced_shape(args[0], int(args[1]))]
-
-
-def _softmax(log: bool) -> Callable[..., Run]:
-    def prepare(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
-        x, out, dim = args[0], outs[0], int(args[1]) % args[0].ndim
-        m = scratch[0].reshape(_reduced_shape(x, dim))
-
-        def run() -> None:
-            np.amax(x, axis=dim, keepdims=True, out=m)
-            np.subtract(x, m, out=out)
-            np.exp(out, out=out)
-            np.sum(out, axis=dim, keepdims=True, out=m)
-            np.divide(out, m, out=out)
-
-        def run_log() -> None:
-            # log_softmax = (x - max) - log(sum(exp(x - max))), with out holding x - max throughout
-            np.amax(x, axis=dim, keepdims=True, out=m)
-            np.subtract(x, m, out=out)
-            np.exp(out, out=out)
-            np.sum(out, axis=dim, keepdims=True, out=m)
-            np.log(out, out=out)
-            np.log(m, out=m)
-            np.subtract(out, m, out=out)
-        return run_log if log else run
-    return prepare
-
-
-def _layer_norm_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
-    x, normalized = args[0], list(args[1])
-    stats = tuple(x.shape[:x.ndim - len(normalized)]) + (1,) * len(normalized)
-    return [stats, stats, tuple(x.shape)]
-
-
-def _layer_norm(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
-    x, normalized, weight, bias, eps = args[0], list(args[1]), args[2], args[3], float(args[4])
-    out, mean_out, rstd_out = outs[0], outs[1] if len(outs) > 1 else None, outs[2] if len(outs) > 2 else None
-    axes = tuple(range(x.ndim - len(normalized), x.ndim))
-    stats_shape = _layer_norm_scratch(outs, args, kwargs)[0]
-    mean, rstd, square = scratch[0].reshape(stats_shape), scratch[1].reshape(stats_shape), scratch[2].reshape(x.shape)
-
-    def run() -> None:
-        np.mean(x, axis=axes, keepdims=True, out=mean)
-        np.subtract(x, mean, out=out)
-        np.multiply(out, out, out=square)
-        np.mean(square, axis=axes, keepdims=True, out=rstd)
-        np.add(rstd, eps, out=rstd)
-        np.sqrt(rstd, out=rstd)
-        np.reciprocal(rstd, out=rstd)
-        np.multiply(out, rstd, out=out)
-        if weight is not None:
-            np.multiply(out, weight, out=out)
-        if bias is not None:
-            np.add(out, bias, out=out)
-        if mean_out is not None:
-            np.copyto(mean_out, mean.reshape(mean_out.shape))
-        if rstd_out is not None:
-            np.copyto(rstd_out, rstd.reshape(rstd_out.shape))
-    return run
-
-
 # --- copies ---
 
 def _copy(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
@@ -368,12 +281,6 @@ KERNELS = {
     "aten.bmm.default": _mm,
     "aten.addmm.default": _addmm,
     "aten.linear.default": _linear,
-    "aten.mean.dim": _reduction("mean"),
-    "aten.sum.dim_IntList": _reduction("sum"),
-    "aten.amax.default": _reduction("amax"),
-    "aten._softmax.default": _softmax(log=False),
-    "aten._log_softmax.default": _softmax(log=True),
-    "aten.native_layer_norm.default": _layer_norm,
     "aten.clone.default": _copy,
     "aten._to_copy.default": _copy,
     "aten.copy.default": _copy,
@@ -388,7 +295,4 @@ SCRATCH = {
     "aten.gelu.default": lambda outs, args, kwargs: [tuple(outs[0].shape)] * 2,
     "aten.add.Tensor": _binary_scratch,
     "aten.sub.Tensor": _binary_scratch,
-    "aten._softmax.default": _softmax_scratch,
-    "aten._log_softmax.default": _softmax_scratch,
-    "aten.native_layer_norm.default": _layer_norm_scratch,
 }  # type: Dict[str, Callable[[List[Any], List[Any], Dict[str, Any]], Shapes]]

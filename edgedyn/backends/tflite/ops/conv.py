@@ -1,5 +1,5 @@
 """2-d convolution in NHWC: CONV_2D (weights OHWI) and DEPTHWISE_CONV_2D (weights 1HWO), with torch's padding."""
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -17,24 +17,40 @@ def convolution(ctx: Lowering, node: Any, x: Value, weight: Value, bias: Optiona
                 groups: int) -> Value:
     if transposed:
         raise Unsupported("transposed convolution (ConvTranspose2d)")
-    if x.rank != 4:
-        raise Unsupported("{}-d convolution; the TFLite writer handles 2-d".format(x.rank - 2))
+    if x.rank not in (3, 4):
+        raise Unsupported("{}-d convolution; the TFLite writer handles 1-d and 2-d".format(x.rank - 2))
     if not weight.is_constant or (bias is not None and not bias.is_constant):
         raise Unsupported("convolution weights computed at run time")
-    stride, padding, dilation = pair(stride), pair(padding), pair(dilation)
     w = weight.data.astype(np.float32)
-    out_channels, per_group, kh, kw = w.shape
-    in_channels = x.shape[1]
-    b = bias.data.astype(np.float32) if bias is not None else np.zeros(out_channels, np.float32)
-    if ctx.quantize and (groups == 1 or (groups == in_channels and per_group == 1)):
+    b = bias.data.astype(np.float32) if bias is not None else np.zeros(w.shape[0], np.float32)
+    shape = list(node.meta["val"].shape)
+    if x.rank == 3:
+        return _conv1d(ctx, x, w, b, stride, padding, dilation, groups, shape)
+    stride, padding, dilation = pair(stride), pair(padding), pair(dilation)
+    if ctx.quantize and (groups == 1 or (groups == x.shape[1] and w.shape[1] == 1)):
         from edgedyn.backends.tflite.ops import quantized
 
         return quantized.convolution(ctx, node, x, w, b, stride, padding, dilation, groups)
+    return _conv2d(ctx, ctx.dequantized(x), w, b, stride, padding, dilation, groups, shape)
+
+
+def _conv1d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: Sequence[int], padding: Sequence[int],
+            dilation: Sequence[int], groups: int, shape: List[int]) -> Value:
+    """(N, C, L) as (N, C, 1, L) through the 2-d kernels (TFLite has no 1-d convolution; Whisper, Wav2Vec2)."""
     x = ctx.dequantized(x)
+    image = ctx.reshape(x, [x.shape[0], x.shape[1], 1, x.shape[2]])
+    out = _conv2d(ctx, image, w[:, :, None, :], b, [1, stride[0]], [0, padding[0]], [1, dilation[0]], groups,
+                  [shape[0], shape[1], 1, shape[2]])
+    return ctx.reshape(out, shape)
+
+
+def _conv2d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: List[int], padding: List[int],
+            dilation: List[int], groups: int, shape: List[int]) -> Value:
+    out_channels, per_group, kh, kw = w.shape
+    in_channels = x.shape[1]
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, (kh, kw), stride, padding, dilation)
     fields = dict(padding=mode, stride_h=stride[0], stride_w=stride[1], dilation_h_factor=dilation[0],
                   dilation_w_factor=dilation[1])
-    shape = list(node.meta["val"].shape)
     if groups == 1:
         inputs = [source, ctx.writer.constant(w.transpose(0, 2, 3, 1)), ctx.writer.constant(b)]
         return ctx.emit("CONV_2D", inputs, shape, layout.NHWC, "Conv2DOptions", **fields)
@@ -43,8 +59,26 @@ def convolution(ctx: Lowering, node: Any, x: Value, weight: Value, bias: Optiona
         inputs = [source, ctx.writer.constant(w.transpose(1, 2, 3, 0)), ctx.writer.constant(b)]
         return ctx.emit("DEPTHWISE_CONV_2D", inputs, shape, layout.NHWC, "DepthwiseConv2DOptions",
                         depth_multiplier=out_channels // in_channels, **fields)
-    raise Unsupported("grouped convolution with groups={} of {} channels (only 1 or depthwise)".format(
-        groups, in_channels))
+    return _grouped(ctx, x, source, w, b, groups, shape, fields)
+
+
+def _grouped(ctx: Lowering, x: Value, source: int, w: np.ndarray, b: np.ndarray, groups: int, shape: List[int],
+             fields: Any) -> Value:
+    """Neither 1 nor depthwise (ResNeXt, Wav2Vec2's positional convolution): TFLite's CONV_2D takes no groups
+    that XNNPACK runs, so each group is a STRIDED_SLICE of the channels, a CONV_2D, and one CONCATENATION."""
+    per_group, per_out = w.shape[1], w.shape[0] // groups
+    padded = ctx.writer.shape(source)  # NHWC, after any explicit PAD
+    parts = []
+    for g in range(groups):
+        part = ctx.writer.tensor("group", padded[:3] + [per_group], np.float32)
+        ctx.writer.operator("STRIDED_SLICE", [source, ctx.ints([0, 0, 0, g * per_group]),
+                                              ctx.ints(padded[:3] + [(g + 1) * per_group]), ctx.ints([1, 1, 1, 1])],
+                            [part], "StridedSliceOptions")
+        outputs = slice(g * per_out, (g + 1) * per_out)
+        inputs = [part, ctx.writer.constant(w[outputs].transpose(0, 2, 3, 1)), ctx.writer.constant(b[outputs])]
+        out = ctx.emit("CONV_2D", inputs, shape[:1] + [per_out] + shape[2:], layout.NHWC, "Conv2DOptions", **fields)
+        parts.append(out.tensor)
+    return ctx.emit("CONCATENATION", parts, shape, layout.NHWC, "ConcatenationOptions", axis=3)
 
 
 CONVERTERS = {aten.convolution.default: convolution}

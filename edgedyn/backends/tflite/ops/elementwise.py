@@ -7,6 +7,7 @@ import torch
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value, constant
+from edgedyn.backends.tflite.ops.integers import cast
 
 aten = torch.ops.aten
 
@@ -21,17 +22,32 @@ def operand_layout(operands: Sequence[Any], rank: int) -> layout.Perm:
     return layout.identity(rank)
 
 
-def binary(ctx: Lowering, op: str, a: Any, b: Any, shape: Sequence[int], options: Optional[str] = None) -> Value:
+def binary(ctx: Lowering, op: str, a: Any, b: Any, shape: Sequence[int], options: Optional[str] = None,
+           dtype: Any = np.float32) -> Value:
     """`a op b` broadcast to torch shape `shape`; python numbers become scalar constants."""
+    return elementwise(ctx, op, (a, b), shape, options, dtype)
+
+
+def elementwise(ctx: Lowering, op: str, operands: Sequence[Any], shape: Sequence[int], options: Optional[str] = None,
+                dtype: Any = np.float32) -> Value:
+    """`op` over broadcast operands (two, or three for SELECT_V2) giving torch shape `shape` of `dtype`; python
+    numbers become scalar constants of the operands' type. TFLite wants one input type where torch promotes
+    (int + float, int32 + int64): tensors of another type are cast to it first."""
     rank = len(shape)
-    perm = operand_layout((a, b), rank)
-    tensors = [_operand(ctx, v, rank, perm) for v in (a, b)]
-    return ctx.emit(op, tensors, shape, perm, options)
+    perm = operand_layout(operands, rank)
+    tensors = [v for v in operands if isinstance(v, Value) and v.dtype != np.bool_]
+    common = np.result_type(*[v.dtype for v in tensors]) if tensors else np.dtype(np.float32)
+    if np.dtype(dtype) != np.bool_:
+        common = np.dtype(dtype)  # arithmetic: the result's own type
+    operands = [cast(ctx, v, common) if isinstance(v, Value) and v.dtype not in (np.bool_, common) else v
+                for v in operands]
+    inputs = [_operand(ctx, v, rank, perm, common) for v in operands]
+    return ctx.emit(op, inputs, shape, perm, options, dtype)
 
 
-def _operand(ctx: Lowering, value: Any, rank: int, perm: layout.Perm) -> int:
+def _operand(ctx: Lowering, value: Any, rank: int, perm: layout.Perm, number_dtype: Any) -> int:
     if not isinstance(value, Value):
-        return ctx.scalar(value)
+        return ctx.scalar(value, np.bool_ if isinstance(value, bool) else number_dtype)
     if value.rank == 0:
         return ctx.tensor(value)
     if perm == layout.identity(rank):
@@ -42,6 +58,10 @@ def _operand(ctx: Lowering, value: Any, rank: int, perm: layout.Perm) -> int:
 
 def _shape(node: Any) -> List[int]:
     return list(node.meta["val"].shape)
+
+
+def _dtype(node: Any) -> np.dtype:
+    return np.dtype(str(node.meta["val"].dtype).replace("torch.", ""))
 
 
 def _scaled(ctx: Lowering, node: Any, value: Any, alpha: float) -> Any:
@@ -55,19 +75,19 @@ def _scaled(ctx: Lowering, node: Any, value: Any, alpha: float) -> Any:
 
 
 def add(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
-    return binary(ctx, "ADD", a, _scaled(ctx, node, b, alpha), _shape(node), "AddOptions")
+    return binary(ctx, "ADD", a, _scaled(ctx, node, b, alpha), _shape(node), "AddOptions", _dtype(node))
 
 
 def sub(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
-    return binary(ctx, "SUB", a, _scaled(ctx, node, b, alpha), _shape(node), "SubOptions")
+    return binary(ctx, "SUB", a, _scaled(ctx, node, b, alpha), _shape(node), "SubOptions", _dtype(node))
 
 
 def rsub(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
-    return binary(ctx, "SUB", b, _scaled(ctx, node, a, alpha), _shape(node), "SubOptions")
+    return binary(ctx, "SUB", b, _scaled(ctx, node, a, alpha), _shape(node), "SubOptions", _dtype(node))
 
 
 def mul(ctx: Lowering, node: Any, a: Any, b: Any) -> Value:
-    return binary(ctx, "MUL", a, b, _shape(node), "MulOptions")
+    return binary(ctx, "MUL", a, b, _shape(node), "MulOptions", _dtype(node))
 
 
 def div(ctx: Lowering, node: Any, a: Any, b: Any, rounding_mode: Optional[str] = None) -> Value:

@@ -28,6 +28,27 @@ def layer_norm(ctx: Lowering, node: Any, x: Value, normalized_shape: Sequence[in
     return y, None, None
 
 
+def group_norm(ctx: Lowering, node: Any, x: Value, weight: Optional[Value], bias: Optional[Value], n: int,
+               channels: int, spatial: int, groups: int, eps: float) -> Any:
+    """Statistics over each group of channels (PoolFormer, Wav2Vec2): the same arithmetic as layer norm on x
+    viewed as (N, groups, rest), then the per-channel affine on x's own shape."""
+    grouped = ctx.reshape(x, [n, groups, (channels // groups) * spatial])
+    normalized, _, _ = layer_norm(ctx, node, grouped, [grouped.shape[-1]], None, None, eps)
+    y = ctx.reshape(normalized, x.shape)
+    per_channel = (channels,) + (1,) * (x.rank - 2)
+    if weight is not None:
+        y = binary(ctx, "MUL", y, _per_channel(weight, per_channel), x.shape, "MulOptions")
+    if bias is not None:
+        y = binary(ctx, "ADD", y, _per_channel(bias, per_channel), x.shape, "AddOptions")
+    return y, None, None
+
+
+def _per_channel(value: Value, shape: Sequence[int]) -> Value:
+    if not value.is_constant:
+        raise Unsupported("normalization weights computed at run time")
+    return constant(value.data.astype(np.float32).reshape(shape))
+
+
 def batch_norm(ctx: Lowering, node: Any, x: Value, weight: Optional[Value], bias: Optional[Value], mean: Value,
                var: Value, momentum: float, eps: float) -> Any:
     """Inference batch norm left unfolded (no convolution before it): one MUL and one ADD per channel."""
@@ -46,5 +67,6 @@ def batch_norm(ctx: Lowering, node: Any, x: Value, weight: Optional[Value], bias
 
 CONVERTERS = {
     aten.native_layer_norm.default: layer_norm,
+    aten.native_group_norm.default: group_norm,
     aten._native_batch_norm_legit_no_training.default: batch_norm,
 }

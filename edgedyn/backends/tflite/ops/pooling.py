@@ -8,6 +8,7 @@ from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value
 from edgedyn.backends.tflite.ops.padding import pair, spatial_padding
+from edgedyn.runtime.kernels.base import is_global_average
 
 aten = torch.ops.aten
 
@@ -48,6 +49,8 @@ def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
                divisor_override: Optional[int] = None) -> Value:
     if divisor_override is not None:
         raise Unsupported("divisor_override")
+    if x.rank == 4 and is_global_average(x.shape[2:], output_shape(node)[2:], pair(kernel), pair(padding)):
+        return reduce(ctx, "MEAN", x, [2, 3], True)
     kernel, stride, padding = _window(node, x, kernel, stride, padding, ceil_mode)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
                                    same_ok=not count_include_pad)
@@ -82,7 +85,7 @@ def reduce(ctx: Lowering, op: str, x: Value, dims: Optional[Sequence[int]], keep
     else:
         shape = [n for i, n in enumerate(x.shape) if i not in dims]
         perm = layout.drop_dims(x.perm, dims)
-    return ctx.emit(op, [ctx.tensor(x), ctx.ints(axes)], shape, perm, "ReducerOptions", keep_dims=keepdim)
+    return ctx.emit(op, [ctx.tensor(x), ctx.ints(axes)], shape, perm, "ReducerOptions", x.dtype, keep_dims=keepdim)
 
 
 def _reducer(op: str) -> Any:

@@ -23,7 +23,7 @@ def reshape(ctx: Lowering, node: Any, x: Value, *args: Any, **kwargs: Any) -> Va
 
 
 def same(ctx: Lowering, node: Any, x: Value, *args: Any, **kwargs: Any) -> Value:
-    """clone, alias, detach, contiguous, a float32 -> float32 copy: the value itself."""
+    """clone, alias, detach, contiguous: the value itself (_to_copy, which may cast, is in integers.py)."""
     dtype = kwargs.get("dtype")
     if dtype is not None and dtype != torch.float32:
         raise Unsupported("conversion to {}".format(dtype))
@@ -101,6 +101,25 @@ def expand(ctx: Lowering, node: Any, x: Value, sizes: Sequence[int], implicit: b
     return ctx.emit("BROADCAST_TO", [ctx.tensor(source, layout.identity(len(shape))), ctx.ints(shape)], shape)
 
 
+def as_strided(ctx: Lowering, node: Any, x: Value, size: Sequence[int], stride: Sequence[int],
+               storage_offset: Optional[int] = None) -> Value:
+    """Only the no-op case torch.export leaves behind (Swin: the same shape, strides that differ only at size-1
+    dims): any real striding reads memory TFLite tensors do not expose."""
+    if list(size) != list(x.shape) or storage_offset or not _contiguous(size, stride):
+        raise Unsupported("as_strided to size {} strides {} (only the same shape, contiguous)".format(
+            list(size), list(stride)))
+    return x
+
+
+def _contiguous(size: Sequence[int], stride: Sequence[int]) -> bool:
+    expected = 1
+    for n, s in reversed(list(zip(size, stride))):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
 def cat(ctx: Lowering, node: Any, tensors: Sequence[Value], dim: int = 0) -> Value:
     shape = _shape(node)
     dim = dim % len(shape)
@@ -115,11 +134,12 @@ CONVERTERS = {
     aten.squeeze.dims: reshape, aten.squeeze.dim: reshape, aten.squeeze.default: reshape,
     aten.unsqueeze.default: reshape, aten.flatten.using_ints: reshape,
     aten.clone.default: same, aten.alias.default: same, aten.detach.default: same,
-    aten.contiguous.default: same, aten._to_copy.default: same, aten.lift_fresh_copy.default: same,
+    aten.contiguous.default: same, aten.lift_fresh_copy.default: same,
     aten.permute.default: permute, aten.transpose.int: transpose, aten.t.default: transpose,
     aten.slice.Tensor: slice_, aten.select.int: select,
     aten.split_with_sizes.default: split, aten.split.Tensor: split,
     aten.expand.default: expand,
     aten.cat.default: cat,
+    aten.as_strided.default: as_strided,
     aten._assert_tensor_metadata.default: no_op,
 }

@@ -1,18 +1,21 @@
 """edgedyn's wheel on the emulated board: installed as `pip install 'WHEEL[extras]'` would install it there.
 
-A wheel (`build_wheel`) goes with its extras and only the dependencies the board lacks into a folder beside the
-shared rootfs (`install_wheel`, cached by the wheel's SHA-256), so what runs is what the wheel ships (boards/,
-targets/) and what its dependency markers select for the board's Python.
+The wheel is that of the edgedyn running on the host (`host_wheel`): built from its source checkout as a release
+would be, or, for an installed wheel, packed again from the installed distribution's own files. It goes with its
+extras and only the dependencies the board lacks into a folder beside the shared rootfs (`install_wheel`, cached
+by the wheel's SHA-256), so what runs is what the wheel ships (boards/, targets/) and what its dependency markers
+select for the board's Python.
 """
+import base64
 import hashlib
 import json
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .rootfs import (BoardBuildError, BoardImage, build_once, compile_on_board, install_for_board, run_step,
-                     default_cache_dir, run_on_board)
+from edgedyn.emulate.rootfs import (BoardBuildError, BoardImage, EmulationError, build_once, compile_on_board,
+                                    default_cache_dir, install_for_board, run_on_board, run_step)
 
 # Bump when the way a wheel is installed on a board changes.
 INSTALL_VERSION = 2
@@ -26,6 +29,75 @@ def build_wheel(source: Path, dest: Path) -> Path:
     if len(wheels) != 1:
         raise BoardBuildError(f"building the wheel of {source} left {len(wheels)} wheels in {dest}, expected one")
     return wheels[0]
+
+
+PACKAGE = Path(__file__).resolve().parents[1]  # the edgedyn package that is running
+# Written by the installer, not part of the wheel: a repacked wheel leaves them out (and writes its own RECORD).
+_INSTALLER_FILES = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed, so the same files give the same wheel bytes (and the same install)
+
+
+def host_wheel(dest: Path) -> Path:
+    """The wheel of the edgedyn running here, written into the empty folder `dest`."""
+    checkout = source_checkout()
+    if checkout is not None:
+        return build_wheel(checkout, dest)
+    return repack_installed(PACKAGE.parent, dest)
+
+
+def source_checkout() -> Optional[Path]:
+    """The source checkout the running edgedyn comes from, or None when it runs from an installed wheel."""
+    root = PACKAGE.parent
+    project = root / "pyproject.toml"
+    if project.is_file() and 'name = "edgedyn"' in project.read_text() and (root / "boards").is_dir():
+        return root
+    return None
+
+
+def repack_installed(site: Path, dest: Path) -> Path:
+    """Pack the edgedyn distribution installed in `site` into a wheel again, from the files its RECORD lists.
+
+    `pip wheel` cannot rebuild an installed distribution (it has no source), but an installed wheel is the wheel's
+    files unpacked: the package (with the boards and targets it ships) and its .dist-info.
+    """
+    from importlib import metadata
+
+    found = [d for d in metadata.distributions(path=[str(site)]) if d.metadata["Name"] == "edgedyn"]
+    if len(found) != 1 or not found[0].files:
+        raise EmulationError(
+            "the edgedyn running from {} is neither a source checkout nor an installed wheel, so there is no wheel "
+            "of it to install on the emulated board".format(PACKAGE),
+            hint="run edgedyn from a source checkout (git clone), or install it with pip install edgedyn")
+    distribution = found[0]
+    version = distribution.metadata["Version"]
+    info, members = _wheel_members(distribution, site)
+    wheel = Path(dest) / "edgedyn-{}-py3-none-any.whl".format(version)
+    record = []
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, path in sorted(members):
+            data = path.read_bytes()
+            archive.writestr(zipfile.ZipInfo(name, _ZIP_TIME), data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append("{},sha256={},{}".format(name, digest, len(data)))
+        record.append("{}/RECORD,,".format(info))
+        archive.writestr(zipfile.ZipInfo(info + "/RECORD", _ZIP_TIME), "\n".join(record) + "\n")
+    return wheel
+
+
+def _wheel_members(distribution: Any, site: Path) -> Tuple[str, List[Tuple[str, Path]]]:
+    """The .dist-info folder's name, and (name in the wheel, file) for what the distribution took from its wheel."""
+    members = []
+    info = next(Path(str(e)).parts[0] for e in distribution.files if str(e).endswith(".dist-info/METADATA"))
+    for entry in distribution.files:
+        parts = Path(str(entry)).parts
+        # The package and its metadata only: the `edgedyn` script is made from entry_points.txt at install time,
+        # and so is the bytecode.
+        if parts[0] not in ("edgedyn", info) or "__pycache__" in parts or parts[-1].endswith(".pyc"):
+            continue
+        if parts[0].endswith(".dist-info") and parts[-1] in _INSTALLER_FILES:
+            continue
+        members.append((Path(str(entry)).as_posix(), site / entry))
+    return info, members
 
 
 def install_wheel(rootfs: Path, wheel: Path, image: BoardImage, cache_dir: Optional[Path] = None) -> Path:
@@ -61,7 +133,10 @@ def _install_into(rootfs: Path, image: BoardImage, wheel: Path, target: Path, re
 def _board_requirements(image: BoardImage, wheel: Path) -> List[Any]:
     """The wheel's requirements (packaging Requirement objects) whose markers hold on the board, for the
     image's extras."""
-    from packaging.requirements import Requirement  # host side only; pip depends on it
+    try:
+        from packaging.requirements import Requirement  # host side only
+    except ImportError:  # a bare virtual environment has pip, which carries its own copy
+        from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
 
     with zipfile.ZipFile(wheel) as archive:
         (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]

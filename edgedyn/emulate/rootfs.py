@@ -2,7 +2,7 @@
 
 Nothing here needs privileges: mmdebstrap writes a tarball that we unpack as the current user, and qemu-user
 runs the board's own /usr/bin/python3 with `-L ROOT`, so the board sees its own libraries while every other host
-path (bundles, the repo) is visible as it is. Knows nothing about edgedyn or this repository.
+path (bundles, the user's files) is visible as it is. Host side only: the board never imports this.
 """
 import fcntl
 import hashlib
@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-INSTALL_HINT = "bash scripts/install.sh"
+from edgedyn.errors import EdgedynError
+from edgedyn.runtime.format import cache_dir
+
+# Note: the host tools the emulated board needs, and the Debian packages that provide them (scripts/install.sh
+# installs them for a checkout). Non-root mmdebstrap runs in a user namespace, which needs newuidmap from uidmap.
+HOST_TOOLS = ("qemu-aarch64-static", "mmdebstrap")
+HOST_PACKAGES = ("qemu-user-static", "mmdebstrap", "debian-archive-keyring", "uidmap")
+INSTALL_HINT = "sudo apt-get install {} (in a source checkout: bash scripts/install.sh)".format(" ".join(HOST_PACKAGES))
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # Bump when the build recipe changes, so existing caches are rebuilt instead of silently reused.
 RECIPE_VERSION = 1
@@ -92,19 +99,34 @@ FAKE_CPUINFO = "".join(_CPUINFO_CORE.format(index=i) for i in range(4)) + (
 )
 
 
-class BoardBuildError(RuntimeError):
+class EmulationError(EdgedynError):
+    """The emulated board cannot be made or run on this host (a missing tool, an unknown suite)."""
+
+
+class BoardBuildError(EmulationError):
     """A step of building the emulated board's root filesystem failed."""
+
+    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+        super().__init__(message, hint or "the board is made from the Debian mirror and the Python package index: "
+                         "check that both are reachable (EDGEDYN_DEBIAN_MIRROR names another mirror)")
 
 
 def missing_tools() -> List[str]:
     """Which of the host tools the emulated board needs are not on PATH."""
-    return [tool for tool in ("qemu-aarch64-static", "mmdebstrap") if shutil.which(tool) is None]
+    return [tool for tool in HOST_TOOLS if shutil.which(tool) is None]
+
+
+def check_tools() -> None:
+    """Fail with the install command when a host tool the emulated board needs is missing."""
+    missing = missing_tools()
+    if missing:
+        raise EmulationError("the emulated board needs {}, not found on PATH".format(", ".join(missing)),
+                             hint=INSTALL_HINT)
 
 
 def default_cache_dir() -> Path:
-    """The folder holding the cached root filesystems: $EDGEDYN_CACHE/boards or ~/.cache/edgedyn/boards."""
-    root = os.environ.get("EDGEDYN_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "edgedyn") / "boards"
+    """The folder holding the cached root filesystems: edgedyn's cache (EDGEDYN_CACHE, XDG_CACHE_HOME) + boards."""
+    return cache_dir() / "boards"
 
 
 def ensure_rootfs(image: BoardImage, cache_dir: Optional[Path] = None) -> Path:
@@ -126,10 +148,9 @@ def run_on_board(
     rootfs = Path(rootfs)
     python = rootfs / "usr" / "bin" / "python3"
     if not python.exists():
-        raise FileNotFoundError(f"no usr/bin/python3 in {rootfs}; build the board first with ensure_rootfs()")
-    if shutil.which("qemu-aarch64-static") is None:
-        raise FileNotFoundError(f"qemu-aarch64-static is not on PATH; install it with: {INSTALL_HINT}")
-    # Always a real CPU model: qemu's default `max` gave wrong int8 under XNNPACK (docs/stack-notes.md).
+        raise EmulationError(f"no usr/bin/python3 in {rootfs}", hint="build the board first with ensure_rootfs()")
+    check_tools()
+    # Always a real CPU model: qemu's default `max` gave wrong int8 results under XNNPACK (docs/stack-notes.md).
     command = ["qemu-aarch64-static", "-L", str(rootfs), "-cpu", cpu, str(python), *argv]
     return subprocess.run(
         command,
