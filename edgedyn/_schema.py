@@ -176,7 +176,10 @@ def parse(cls: type, data: Mapping[str, Any], where: str, **extra: Any) -> Any:
         value = _lookup(data, spec)
         if value is None:
             if spec.required:
-                fail(where, spec.dotted, "a value (the field is required)", None)
+                fail(where, spec.dotted, "a value (the field is required)", None,
+                     hint="add {} to the [{}] table; boards/*.toml and `edgedyn boards show x86-64` show every "
+                          "field".format(spec.name, spec.section) if spec.section else
+                     "add {} at the top of the file".format(spec.name))
             value = spec.default
         elif spec.record is not None:
             value = _parse_nested(spec, value, where)

@@ -13,6 +13,28 @@ from typing import Any, Dict, Union
 from edgedyn.runtime.format import FIXED_ZIP_TIME, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, sha256_bytes
 
 
+def sign_bundle(path: Union[str, Path], private_key: Union[str, Path]) -> str:
+    """Adds `manifest.sig` (Ed25519 over the manifest bytes) to a written bundle; the manifest is unchanged.
+    Returns the public key's hex."""
+    from edgedyn.errors import EdgedynError
+    from edgedyn.runtime import signing
+
+    key_path = Path(private_key)
+    try:
+        pem = key_path.read_bytes()
+    except OSError as error:
+        raise EdgedynError("cannot read signing key {}: {}".format(key_path, error),
+                           hint="make a key pair with `edgedyn keygen KEY`")
+    with zipfile.ZipFile(str(path)) as archive:
+        if signing.SIGNATURE_NAME in archive.namelist():
+            raise EdgedynError("bundle {} is already signed".format(path), hint="export it again to sign it anew")
+        manifest = archive.read(MANIFEST_NAME)
+    signature = signing.sign(manifest, pem)
+    with zipfile.ZipFile(str(path), "a", zipfile.ZIP_STORED) as archive:
+        archive.writestr(zipfile.ZipInfo(signing.SIGNATURE_NAME, date_time=FIXED_ZIP_TIME), signature)
+    return json.loads(signature)["key"]
+
+
 class BundleWriter:
     """Collects members (identical contents are stored once) and writes the bundle file atomically."""
 

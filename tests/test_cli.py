@@ -115,3 +115,24 @@ def test_python_api_returns_the_bundle_path(tmp_path):
     assert path == tmp_path / "lin.edgedyn"
     x = np.random.rand(3, 4).astype(np.float32)
     assert rt.load(path)(x).shape == (3, 2)
+
+
+def test_keygen_sign_and_verify_with_trusted_keys(run_cli, export_example, tmp_path):
+    made = run_cli("keygen", str(tmp_path / "key"))
+    assert made.returncode == 0, made.stderr
+    public = tmp_path / "key.pub"
+    assert made.stdout.strip() == public.read_text().strip() and len(made.stdout.strip()) == 64
+    again = run_cli("keygen", str(tmp_path / "key"))
+    assert again.returncode == 2 and "never overwrites a key" in again.stderr
+
+    bundle = tmp_path / "signed.edgedyn"
+    exported = run_cli("export", str(EXAMPLES / "loop_example.py") + ":loop_example", "--input", "x=2x3",
+                       "--input", "n=4", "--backend", "portable", "--sign", str(tmp_path / "key"), "-o", str(bundle))
+    assert exported.returncode == 0, exported.stderr
+    verified = run_cli("verify", str(bundle), "--trusted-keys", str(public))
+    assert verified.returncode == 0, verified.stderr
+    assert "signature ok: signed by trusted key {}".format(public.read_text()[:16]) in verified.stderr
+
+    unsigned = run_cli("verify", str(export_example("loop_example", backend="portable")), "--trusted-keys", str(public))
+    assert unsigned.returncode == 2 and "Traceback" not in unsigned.stderr
+    assert "is not signed" in unsigned.stderr and "hint: sign it at export with" in unsigned.stderr

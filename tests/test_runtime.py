@@ -194,6 +194,206 @@ def test_member_names_must_be_plain_relative_paths(export_example, tmp_path):
         rt.load(_rewrite(export_example("loop_example"), tmp_path / "evil.edgedyn", escape))
 
 
+# ---- bundles from anywhere: checked before use, refused cheaply, messages bounded --------------------------------
+def _reseal(source: Path, target: Path, edit_member=None, deflate=(), extra=()) -> Path:
+    """A copy of a bundle with members edited and the manifest's sizes and SHA-256 recomputed to match: tampering
+    that checksums cannot see."""
+    import hashlib
+
+    with zipfile.ZipFile(source) as archive:
+        manifest = json.loads(archive.read(MANIFEST_NAME))
+        members = {name: archive.read(name) for name in manifest["members"]}
+    if edit_member is not None:
+        members = {name: edit_member(name, data) for name, data in members.items()}
+    for name, data in members.items():
+        manifest["members"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    with zipfile.ZipFile(target, "w") as archive:
+        archive.writestr(MANIFEST_NAME, json.dumps(manifest))
+        for name, data in list(members.items()) + list(extra):
+            archive.writestr(name, data, zipfile.ZIP_DEFLATED if name in deflate else zipfile.ZIP_STORED)
+    return target
+
+
+def _edit_graph(edit):
+    def edit_member(name, data):
+        if not name.endswith("graph.json"):
+            return data
+        graph = json.loads(data)
+        edit(graph)
+        return json.dumps(graph).encode()
+    return edit_member
+
+
+def _first_conv(graph):
+    return next(step for step in graph["steps"] if step["op"] == "aten.convolution.default")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda g: _first_conv(g)["args"].__setitem__(5, [-1, -1]), r"args\[5\]\[0\]: -1 is outside"),
+    (lambda g: _first_conv(g)["args"].__setitem__(5, [-100000, 1]), r"-100000 is outside"),
+    (lambda g: g["values"][0].update(dtype="O"), r"values\[0\].dtype: 'O' is not one of"),
+    (lambda g: g["values"][-1].update(offset_bytes=g["arena_bytes"]), r"reaches outside its buffer"),
+    (lambda g: g["values"][-1].update(strides=[-1] * len(g["values"][-1]["strides"])), r"reaches outside"),
+    (lambda g: _first_conv(g)["scratch"].pop(0), r"scratch: planned"),
+    (lambda g: g.update(arena_bytes=1 << 50), r"arena_bytes: \d+ is outside"),
+    (lambda g: g["steps"][0].update(op="aten.system.default"), r"no kernel for aten.system.default"),
+])
+def test_a_tampered_portable_graph_is_refused_before_any_view(export_example, tmp_path, edit, message):
+    path = _reseal(export_example("tiny_cnn", backend="portable"), tmp_path / "graph.edgedyn", _edit_graph(edit))
+    with pytest.raises(rt.BundleError, match=message) as info:
+        rt.load(path)
+    assert "graph.json" in info.value.message
+
+
+def _replace_npy_header(name, data, old, new):
+    if not name.endswith("reference.npz"):
+        return data
+    with zipfile.ZipFile(__import__("io").BytesIO(data)) as archive:
+        arrays = {n: archive.read(n) for n in archive.namelist()}
+    buffer = __import__("io").BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for n, content in arrays.items():
+            archive.writestr(n, content.replace(old, new, 1))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("old, new, message", [
+    (b"'<f4'", b"'|O' ", "is not one a bundle may hold"),
+    (b"'shape': (1, 3, 64, 64)", b"'shape': (99999, 99999, 99)", r"shape \(99999, 99999, 99\) of float32 needs \d+ bytes, the member holds"),
+])
+def test_npz_headers_are_checked_before_an_array_exists(export_example, tmp_path, old, new, message):
+    path = _reseal(export_example("tiny_cnn", backend="portable"), tmp_path / "npz.edgedyn",
+                   lambda name, data: _replace_npy_header(name, data, old, new))
+    program = rt.load(path)
+    with pytest.raises(rt.BundleError, match=message):
+        program.verify()
+
+
+def test_deflated_members_are_refused(export_example, tmp_path):
+    source = export_example("tiny_cnn", backend="portable")
+    path = _reseal(source, tmp_path / "deflated.edgedyn", deflate=("specs/0/reference.npz",))
+    with pytest.raises(rt.BundleError, match="reference.npz is compressed"):
+        rt.load(path)
+
+
+def test_overlapping_directory_entries_cost_nothing_before_they_are_refused(export_example, tmp_path):
+    """2,000 directory entries pointing at one member: refused from the directory alone."""
+    import struct
+    import tracemalloc
+
+    data = export_example("tiny_cnn", backend="portable").read_bytes()
+    end = data.rfind(b"PK\x05\x06")
+    count, size, offset = struct.unpack_from("<HLL", data, end + 10)
+    directory = data[offset:offset + size]
+    name_length = struct.unpack_from("<H", directory, 28)[0]
+    first = directory[:46 + name_length + sum(struct.unpack_from("<2H", directory, 30))]
+    copies = [first[:46 + name_length - 4] + "{:04d}".format(i).encode() + first[46 + name_length:]
+              for i in range(2000)]
+    record = bytearray(data[end:])
+    struct.pack_into("<HHLL", record, 8, count + 2000, count + 2000, size + sum(map(len, copies)), offset)
+    path = tmp_path / "overlap.edgedyn"
+    path.write_bytes(data[:offset] + directory + b"".join(copies) + bytes(record))
+    tracemalloc.start()
+    try:
+        with pytest.raises(rt.BundleError, match="overlap"):
+            rt.load(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * path.stat().st_size
+
+
+def test_many_unlisted_members_give_a_short_message(export_example, tmp_path):
+    path = _reseal(export_example("loop_example", backend="portable"), tmp_path / "many.edgedyn",
+                   extra=[("unlisted/{:05d}".format(i), b"") for i in range(3000)])
+    with pytest.raises(rt.BundleError, match="and 2996 more") as info:
+        rt.load(path)
+    assert len(str(info.value)) < 500
+
+
+def test_a_huge_argument_gives_a_short_guard_message(export_example):
+    program = rt.load(export_example("loop_example", backend="portable"))
+    with pytest.raises(rt.GuardError) as info:
+        program(np.random.rand(2, 3).astype(np.float32), b"\x00" * (588 << 10))
+    assert len(str(info.value)) < 1000
+
+
+def test_a_tampered_onnx_model_is_a_bundle_error_naming_the_member(export_example, tmp_path):
+    path = _reseal(export_example("tiny_cnn", backend="onnxruntime"), tmp_path / "onnx.edgedyn",
+                   lambda name, data: data[:len(data) // 3] if name.endswith(".onnx") else data)
+    with pytest.raises(rt.BundleError, match=r"model\.onnx\) does not load"):
+        rt.load(path)
+
+
+def test_a_tflite_tensor_grown_by_tampering_is_refused_before_litert_allocates(export_example, tmp_path):
+    import importlib
+    import struct
+
+    def grow_first_shape(name, data):
+        if not name.endswith(".tflite"):
+            return data
+        model = importlib.import_module("tflite.Model").Model.GetRootAs(data)
+        tensors = model.Subgraphs(0)
+        tensor = next(tensors.Tensors(i) for i in range(tensors.TensorsLength()) if tensors.Tensors(i).ShapeLength())
+        start = tensor._tab.Vector(tensor._tab.Offset(4))  # Tensor.shape, field 0
+        return data[:start] + struct.pack("<i", 1 << 28) + data[start + 4:]
+
+    path = _reseal(export_example("tiny_cnn", backend="tflite"), tmp_path / "grown.edgedyn", grow_first_shape)
+    with pytest.raises(rt.BundleError, match=r"model\.tflite declares tensors of \d+ bytes, far above"):
+        rt.load(path)
+
+
+# ---- signatures: only bundles signed by a trusted key open, checked before anything is parsed ---------------------
+def _signed_copy(source: Path, tmp_path: Path, name: str = "signed.edgedyn"):
+    from edgedyn.bundle import sign_bundle
+    from edgedyn.runtime import signing
+
+    pem, public = signing.generate()
+    (tmp_path / "key").write_bytes(pem)
+    (tmp_path / "key.pub").write_text(public + "\n")
+    target = tmp_path / name
+    target.write_bytes(source.read_bytes())
+    sign_bundle(target, tmp_path / "key")
+    return target, tmp_path / "key.pub"
+
+
+def test_a_signed_bundle_opens_with_its_key_and_keeps_its_manifest_bytes(export_example, tmp_path):
+    source = export_example("tiny_cnn", backend="portable")
+    signed, public = _signed_copy(source, tmp_path)
+    with zipfile.ZipFile(source) as a, zipfile.ZipFile(signed) as b:
+        assert a.read(MANIFEST_NAME) == b.read(MANIFEST_NAME)
+    program = rt.load(signed, trusted_keys=[public])
+    assert program.bundle.signed_by == public.read_text().strip()
+    x = np.random.default_rng(5).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    np.testing.assert_array_equal(program(x), rt.load(source)(x))
+
+
+def test_unsigned_wrongly_signed_and_tampered_bundles_are_refused(export_example, tmp_path, monkeypatch):
+    from edgedyn.runtime import signing
+
+    source = export_example("tiny_cnn", backend="tvm")
+    signed, public = _signed_copy(source, tmp_path)
+    with pytest.raises(signing.SignatureError, match="is not signed"):
+        rt.load(source, trusted_keys=[public])
+    other = tmp_path / "other"
+    other.mkdir()
+    _, stranger = _signed_copy(source, other)
+    with pytest.raises(signing.SignatureError, match="not trusted here"):
+        rt.load(signed, trusted_keys=[stranger])
+    # Members tampered with the manifest resealed to match: checksums agree, the signature does not. The manifest
+    # here is not even JSON any more: the refusal comes before it is parsed (and before model.so is dlopened).
+    with zipfile.ZipFile(signed) as archive:
+        members = [(info.filename, archive.read(info.filename)) for info in archive.infolist()]
+    tampered = tmp_path / "tampered.edgedyn"
+    with zipfile.ZipFile(tampered, "w") as archive:
+        for name, data in members:
+            archive.writestr(name, b"{not json" if name == MANIFEST_NAME else data)
+    monkeypatch.setenv(signing.ENVIRONMENT, str(public))
+    with pytest.raises(signing.SignatureError, match="does not match the manifest"):
+        rt.load(tampered)
+    assert rt.load(signed).bundle.signed_by  # the environment's key, no argument
+
+
 # ---- the runtime stays light ----------------------------------------------------------------------------------
 def test_importing_the_runtime_loads_no_torch_tvm_compiler_or_onnx():
     code = ("import sys, edgedyn.runtime, edgedyn.runtime.executors.tvm; "

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import err, human_bytes, out
+from edgedyn.cli.common import err, human_bytes, out, output_file
 
 
 def bench_command(
@@ -36,6 +36,8 @@ def bench_command(
     """Time a bundle's inference: latency percentiles, throughput, init time, peak memory, guard overhead."""
     from edgedyn.runtime.bench import BenchConfig, run_benchmark
 
+    if json_path is not None and str(json_path) != "-":
+        output_file(json_path, "--json")
     config = BenchConfig(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
                          threads=threads, specialization=specialization,
                          inputs=str(inputs) if inputs is not None else None, random_inputs=random_inputs,

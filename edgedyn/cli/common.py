@@ -2,7 +2,8 @@
 import contextlib
 import json
 import sys
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
 
 from rich.console import Console
 
@@ -34,6 +35,40 @@ def progress(title: str) -> Iterator[Callable[[str], None]]:
             status.update("{}: {}".format(title, message))
             err.log(message)
         yield update
+
+
+def output_file(path: Path, option: str) -> Path:
+    """A file path the command will write, refused before any work when it cannot be: a folder, or a path under
+    something that is not a folder."""
+    from edgedyn.runtime.errors import EdgedynError
+
+    if path.is_dir():
+        raise EdgedynError("{} {} is a folder, not a file".format(option, path),
+                           hint="give a file name, e.g. {} {}".format(option, path / "out{}".format(path.suffix)))
+    blocker = _non_folder_parent(path)
+    if blocker is not None:
+        raise EdgedynError("{} {}: {} is not a folder".format(option, path, blocker),
+                           hint="write to a path whose parent is a folder, or remove {}".format(blocker))
+    return path
+
+
+def output_folder(path: Path, option: str) -> Path:
+    """A folder the command will write into (created when missing), refused when a file is in the way."""
+    from edgedyn.runtime.errors import EdgedynError
+
+    blocker = path if path.exists() and not path.is_dir() else _non_folder_parent(path)
+    if blocker is not None:
+        raise EdgedynError("{} {}: {} is not a folder".format(option, path, blocker),
+                           hint="give a folder (it is created when missing), e.g. {} {}".format(option, path.parent))
+    return path
+
+
+def _non_folder_parent(path: Path) -> Optional[Path]:
+    """The nearest existing ancestor of `path` when it is not a folder (a file in the way), else None."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
 
 
 def human_bytes(size: float) -> str:

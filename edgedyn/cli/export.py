@@ -6,7 +6,7 @@ import typer
 from typing_extensions import Annotated
 
 from edgedyn.registry import AUTO, backends_help, quantizing_backends
-from edgedyn.cli.common import err, human_bytes, out, progress
+from edgedyn.cli.common import err, human_bytes, out, output_file, progress
 
 
 def export_command(
@@ -44,17 +44,29 @@ def export_command(
                                                              "(minimum), max_abs=0.05; comma-separated. Default: "
                                                              "cosine=0.99 on every output.")]
     = None,
+    sign: Annotated[Optional[Path], typer.Option("--sign", help="Sign the bundle with this Ed25519 private key "
+                                                 "(`edgedyn keygen`); boards check it with --trusted-keys.")] = None,
 ) -> None:
     """Capture MODEL at its example inputs, optimize and compile it for BOARD, and write one bundle file."""
     from edgedyn.exporter import export
     from edgedyn.runtime.format import Bundle
 
+    if output is not None:
+        output_file(output, "-o")
+    if sign is not None and not sign.is_file():
+        from edgedyn.errors import EdgedynError
+
+        raise EdgedynError("signing key {} does not exist".format(sign), hint="make one with `edgedyn keygen KEY`")
     with progress("export") as step:
         path = export(model, board=board, output=output, backend=backend, inputs=input_ or None,
                       pipeline=pipeline, device=device, precision=precision, verify=verify, progress=step,
                       quantize=quantize, calibration=calibration, eval_inputs=eval_inputs,
                       max_accuracy_drop=max_accuracy_drop)
-    bundle = Bundle(path)
+    if sign is not None:
+        from edgedyn.bundle import sign_bundle
+
+        err.print("signed with key {}...".format(sign_bundle(path, sign)[:16]))
+    bundle = Bundle(path, trusted_keys=[])
     specs = bundle.manifest["specializations"]
     chosen = sorted({a["backend"] for s in specs for a in s["artifacts"]})  # what auto picked, when it did
     err.print("exported {} for {} ({}): {} specialization(s) [{}], {}".format(

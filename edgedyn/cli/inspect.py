@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import human_bytes, out, print_json
+from edgedyn.cli.common import human_bytes, out, output_folder, print_json
 
 
 def inspect_command(
@@ -22,6 +22,8 @@ def inspect_command(
     from edgedyn.runtime import guards
     from edgedyn.runtime.format import Bundle
 
+    if picture_dir is not None:
+        output_folder(picture_dir, "--picture-dir")
     opened = Bundle(bundle)
     manifest = opened.manifest
     if memory:

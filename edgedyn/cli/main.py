@@ -9,6 +9,7 @@ from edgedyn.cli import boards
 from edgedyn.cli.bench import bench_command
 from edgedyn.cli.export import export_command
 from edgedyn.cli.inspect import inspect_command
+from edgedyn.cli.keygen import keygen_command
 from edgedyn.cli.verify import verify_command
 
 app = typer.Typer(
@@ -22,6 +23,7 @@ app.command("export")(export_command)
 app.command("verify")(verify_command)
 app.command("inspect")(inspect_command)
 app.command("bench")(bench_command)
+app.command("keygen")(keygen_command)
 app.add_typer(boards.app, name="boards")
 
 # Commands that run on the board: they never compile, so TVM may load its runtime library alone.

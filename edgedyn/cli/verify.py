@@ -1,6 +1,6 @@
 """`edgedyn verify`: on the board, run the bundle's reference inputs and compare with torch eager's outputs."""
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.table import Table
@@ -15,6 +15,9 @@ def verify_command(
     threads: Annotated[Optional[int], typer.Option(help="Threads for the executor.")] = None,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
+    trusted_keys: Annotated[Optional[List[Path]], typer.Option(
+        "--trusted-keys", help="Public key file (KEY.pub from `edgedyn keygen`); repeat for several. Only a bundle "
+                               "signed by one of them is opened. Default: the files in EDGEDYN_TRUSTED_KEYS.")] = None,
     emulate: Annotated[bool, typer.Option("--emulate", help="Verify on an emulated board of the bundle's kind: its "
                                           "Debian arm64 root filesystem (built once, cached) under qemu-user with "
                                           "the board's CPU.")] = False,
@@ -27,7 +30,9 @@ def verify_command(
         from edgedyn.emulate import verify_emulated
 
         raise typer.Exit(verify_emulated(bundle, json_=json_, threads=threads, device=device))
-    program = rt.load(bundle, threads=threads, device=device)
+    program = rt.load(bundle, threads=threads, device=device, trusted_keys=trusted_keys or None)
+    if program.bundle.signed_by:
+        err.print("signature ok: signed by trusted key {}...".format(program.bundle.signed_by[:16]))
     for spec in program.specializations:
         err.print("using {}".format(spec.selection()))
     results = program.verify()

@@ -237,7 +237,10 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
     wrapper.training = False  # not .eval(): it would recurse into an ExportedProgram module, which refuses it
     args = tuple(tensors[n] for n in tensor_names)
     with torch.no_grad():
-        eager = _call(model, order, dict(tensors, **constants))
+        try:
+            eager = _call(model, order, dict(tensors, **constants))
+        except Exception as error:
+            raise _explain_eager_failure(error, name, labels) from error
     output_tree, flat = flatten_output(eager)
     program = _export(wrapper, args, name)
     return Specialization(
@@ -290,6 +293,19 @@ def _explain_export_failure(error: Exception, name: str) -> CaptureError:
         "torch.export could not capture {}{}: {}{}".format(name, location, first_line, code),
         hint="run with EDGEDYN_DEBUG=1 for the full torch.export error",
     )
+
+
+def _explain_eager_failure(error: Exception, name: str, labels: List[str]) -> CaptureError:
+    """The model raised when run eagerly on the example inputs: the user's line, not a torch traceback."""
+    where = _user_frame(error)
+    location = " at {}:{}".format(*where[:2]) if where else ""
+    code = "\n    {}".format(where[2]) if where and where[2] else ""
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return CaptureError(
+        "{} raised {}{} on the example inputs {}: {}{}".format(
+            name, type(error).__name__, location, ",".join(labels) or "(none)", first_line[:300], code),
+        hint="check the --input shapes and dtypes against what the model expects (its rank too), or fix the "
+             "model; EDGEDYN_DEBUG=1 shows the full traceback")
 
 
 def _user_frame(error: BaseException) -> Optional[Tuple[str, int, str]]:

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Sequence, Tuple, Union
 from edgedyn.errors import CaptureError
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
+MAX_EXAMPLE_ELEMENTS = 1 << 32  # 16 GiB of float32: beyond any board edgedyn targets
 _SHAPE = re.compile(r"^(scalar|\d+(x\d+)*)$")
 
 
@@ -27,7 +28,16 @@ class TensorSpec:
         if self.dtype not in DTYPES:
             raise CaptureError("unknown dtype {!r}; choose from: {}".format(self.dtype, ", ".join(DTYPES)))
         if any(size <= 0 for size in self.shape):
-            raise CaptureError("shape {} has a zero or negative size; export needs real sizes".format(self.shape))
+            raise CaptureError("shape {} has a zero or negative size; export needs real sizes".format(self.shape),
+                               hint="give every dimension a size of 1 or more, e.g. 1x3x224x224")
+        count = 1
+        for size in self.shape:
+            count *= size
+        if count > MAX_EXAMPLE_ELEMENTS:  # checked before torch tries to allocate the example tensor
+            raise CaptureError("shape {} has {:.3g} elements; an example tensor that large cannot be built".format(
+                "x".join(map(str, self.shape)), float(count)),
+                hint="give the shape the model sees on the board (at most {:.0e} elements)".format(
+                    float(MAX_EXAMPLE_ELEMENTS)))
 
 
 Value = Union[TensorSpec, int, float, bool, Any]

@@ -152,7 +152,10 @@ def _import_file(path: Path) -> Any:
         spec.loader.exec_module(module)
     except Exception as error:
         del sys.modules[name]
-        raise CaptureError("importing {} failed: {}: {}".format(path, type(error).__name__, error)) from error
+        line = getattr(error, "lineno", None) if isinstance(error, SyntaxError) else None
+        raise CaptureError("importing {} failed: {}: {}".format(path, type(error).__name__, error),
+                           hint="fix {}{} and check it with `python3 {}`".format(
+                               path, ":{}".format(line) if line else "", path)) from error
     finally:
         sys.path.remove(str(resolved.parent))
     return module

@@ -28,6 +28,10 @@ class PlatformError(EdgedynError):
     """The bundle was built for another CPU architecture or needs something this machine lacks."""
 
 
+class ExecutionError(EdgedynError):
+    """An artifact failed while running a call whose arguments passed every guard (a damaged or edited bundle)."""
+
+
 class GuardError(EdgedynError):
     """The call's arguments match none of the bundle's specializations."""
 

@@ -1,7 +1,9 @@
 """The bundle format: one zip file (stored, not compressed) holding `manifest.json` and the members it lists.
 
-The manifest records the SHA-256 of every member; `open_bundle` checks all of them before anything is used.
-Nothing in a bundle is ever unpickled: arrays are `.npz` files read with `allow_pickle=False`.
+The manifest records the SHA-256 and size of every member; `Bundle` checks the zip directory (stored, unique,
+non-overlapping members), the manifest's schema (runtime/schema.py), every size and every checksum before anything
+is used, so what a load copies is bounded by the file's own size. Nothing in a bundle is ever unpickled: arrays
+are `.npz` files of stored `.npy` members, each header checked against its member's size before an array exists.
 Standard library and numpy only, Python 3.8 syntax: this file runs on the board.
 """
 import hashlib
@@ -10,14 +12,16 @@ import json
 import os
 import platform
 import struct
+import sys
 import tempfile
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union  # noqa: F401 (type comments)
 
 import numpy as np
 
+from edgedyn.runtime import schema, signing
 from edgedyn.runtime.errors import BundleError, ChecksumError
 
 FORMAT_NAME = "edgedyn-bundle"
@@ -51,57 +55,78 @@ def host_arch() -> str:
     return _ARCH_ALIASES.get(machine, machine)
 
 
-def _check_member_name(name: str) -> None:
-    parts = name.split("/")
-    if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
-        raise BundleError("bundle member name {!r} is not a plain relative path; refusing to read it".format(name))
+MAX_MEMBERS = 4096  # zip entries in a bundle or an .npz; far above what an export writes, far below a zip bomb
+MAX_JSON_BYTES = 16 << 20  # a JSON member; the manifest of a large export is a few hundred KiB
 
 
 class Bundle:
     """An opened, checksum-verified bundle: the manifest plus access to its members."""
 
-    def __init__(self, path: PathLike) -> None:
+    def __init__(self, path: PathLike, trusted_keys: Optional[Sequence[signing.KeySource]] = None) -> None:
+        """`trusted_keys` (default: EDGEDYN_TRUSTED_KEYS): when any, only a bundle signed by one of them opens."""
         self.path = Path(path)
+        if self.path.is_dir():
+            raise BundleError("bundle {} is a folder, not a bundle file".format(self.path),
+                              hint="give the .edgedyn file inside it, e.g. {}".format(self.path / "model.edgedyn"))
         if not self.path.is_file():
             raise BundleError(
                 "bundle {} does not exist".format(self.path),
                 hint="create one with `edgedyn export MODEL.py:NAME --board BOARD -o {}`".format(self.path.name),
             )
+        label = "bundle {}".format(self.path)
         try:
             data = self.path.read_bytes()
-            self._members, crcs = _read_stored_members(data, self.path)
-        except zipfile.BadZipFile as error:
-            raise BundleError(
-                "{} is not a readable edgedyn bundle (truncated or not a bundle at all): {}".format(self.path, error),
-                hint="copy the bundle to the board again and compare its size and sha256 with the original",
-            )
-        except (OSError, EOFError, ValueError, struct.error) as error:
+        except OSError as error:
             raise BundleError("cannot read bundle {}: {}".format(self.path, error))
-        if MANIFEST_NAME not in self._members:
+        entries = zip_entries(data, label, "copy the bundle to the board again and compare its size and sha256 "
+                                           "with the original")
+        if MANIFEST_NAME not in entries:
             raise BundleError("{} has no {}; it is not an edgedyn bundle".format(self.path, MANIFEST_NAME))
-        if zlib.crc32(self._members[MANIFEST_NAME]) != crcs[MANIFEST_NAME]:
+        manifest_entry = entries[MANIFEST_NAME]
+        if manifest_entry.size > MAX_JSON_BYTES:
+            raise BundleError("bundle {}: its manifest is {} bytes, above the {} this runtime reads".format(
+                self.path, manifest_entry.size, MAX_JSON_BYTES), hint=schema.HINT)
+        manifest_bytes = manifest_entry.bytes(data)
+        keys = signing.trusted_keys(trusted_keys)
+        self.signed_by = None  # type: Optional[str]
+        if keys:  # before the manifest is parsed and before any member is read
+            signature = entries.get(signing.SIGNATURE_NAME)
+            self.signed_by = signing.check(manifest_bytes, signature.bytes(data) if signature else None, keys,
+                                           self.path)
+        if zlib.crc32(manifest_bytes) != manifest_entry.crc:
             raise ChecksumError("bundle {}: its manifest is damaged (CRC mismatch)".format(self.path),
                                 hint="copy the bundle again or export it again; never edit a bundle by hand")
-        self.manifest = _parse_manifest(self._members[MANIFEST_NAME], self.path)
-        self._verify_members()
+        self.manifest = _parse_manifest(manifest_bytes, self.path)
+        self._members = self._verified_members(data, entries)
         self.sha256 = sha256_bytes(data)  # the file is read once: no second pass over it to hash it
 
-    def _verify_members(self) -> None:
+    def _verified_members(self, data: bytes, entries: Dict[str, "ZipEntry"]) -> Dict[str, bytes]:
+        """Every listed member's bytes, after its presence, declared size and SHA-256 are checked."""
         listed = self.manifest["members"]
+        missing = sorted(set(listed) - set(entries))
+        if missing:
+            raise BundleError("bundle {} lacks members listed in its manifest: {}".format(
+                self.path, schema.bounded(missing)), hint=schema.HINT)
+        extra = sorted(set(entries) - set(listed) - {MANIFEST_NAME, signing.SIGNATURE_NAME})
+        if extra:
+            raise BundleError("bundle {} holds members its manifest does not list: {}".format(
+                self.path, schema.bounded(extra)), hint=schema.HINT)
+        resized = sorted(name for name in listed if entries[name].size != listed[name]["size"])
+        if resized:
+            raise BundleError("bundle {}: members whose size differs from the manifest's: {}".format(
+                self.path, schema.bounded(resized)), hint=schema.HINT)
+        members = {}
         for name, record in sorted(listed.items()):
-            _check_member_name(name)
-            if name not in self._members:
-                raise BundleError("bundle {} lacks member {} listed in its manifest".format(self.path, name))
-            actual = sha256_bytes(self._members[name])
+            content = entries[name].bytes(data)
+            actual = sha256_bytes(content)
             if actual != record["sha256"]:
                 raise ChecksumError(
                     "bundle {}: checksum mismatch in {} (expected sha256 {}..., got {}...); "
                     "the file was modified or damaged".format(self.path, name, record["sha256"][:12], actual[:12]),
                     hint="copy the bundle again or export it again; never edit a bundle by hand",
                 )
-        extra = sorted(set(self._members) - set(listed) - {MANIFEST_NAME})
-        if extra:
-            raise BundleError("bundle {} holds members its manifest does not list: {}".format(self.path, ", ".join(extra)))
+            members[name] = content
+        return members
 
     def read(self, name: str) -> bytes:
         if name not in self.manifest["members"]:
@@ -109,9 +134,11 @@ class Bundle:
         return self._members[name]
 
     def arrays(self, name: str) -> Dict[str, np.ndarray]:
-        """Arrays of an `.npz` member, read without pickle."""
-        with np.load(io.BytesIO(self.read(name)), allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
+        """Arrays of an `.npz` member, read without pickle (read-only views of the member's bytes)."""
+        return read_npz(self.read(name), "bundle {}: member {}".format(self.path, name))
+
+    def json(self, name: str) -> Any:
+        return read_json(self.read(name), "bundle {}: member {}".format(self.path, name))
 
     def extract(self, name: str) -> Path:
         """Writes one member to a content-addressed cache file and returns its path (for dlopen and friends)."""
@@ -140,9 +167,10 @@ class MemoryBundle:
 
     def __init__(self, members: Dict[str, bytes], directory: PathLike) -> None:
         for name in members:
-            _check_member_name(name)
+            schema.check_member_name(name, "in memory")
         self._members = dict(members)
         self._directory = Path(directory)
+        self.path = Path("<in-memory bundle>")  # what messages name
 
     def read(self, name: str) -> bytes:
         if name not in self._members:
@@ -150,8 +178,10 @@ class MemoryBundle:
         return self._members[name]
 
     def arrays(self, name: str) -> Dict[str, np.ndarray]:
-        with np.load(io.BytesIO(self.read(name)), allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
+        return read_npz(self.read(name), "in-memory member {}".format(name))
+
+    def json(self, name: str) -> Any:
+        return read_json(self.read(name), "in-memory member {}".format(name))
 
     def extract(self, name: str) -> Path:
         path = self._directory / name
@@ -161,30 +191,146 @@ class MemoryBundle:
 
 
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+_END_RECORD = struct.Struct("<4s4H2LH")
 
 
-def _read_stored_members(data: bytes, path: Path) -> Tuple[Dict[str, bytes], Dict[str, int]]:
-    """Member bytes straight from the file, for stored (uncompressed) members, and their zip CRCs.
+class ZipEntry(NamedTuple):
+    """Where a stored member's bytes lie in the archive, and its zip CRC."""
+    start: int
+    size: int
+    crc: int
 
-    zipfile's reader would stop at the first CRC error with a message naming no checksum; reading the stored bytes
-    lets the manifest's SHA-256 say which member is damaged.
-    """
-    members, crcs = {}, {}
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        for info in archive.infolist():
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise BundleError("bundle {}: member {} is compressed; edgedyn writes stored members only".format(
-                    path, info.filename))
-            fields = _LOCAL_HEADER.unpack_from(data, info.header_offset)
-            if fields[0] != b"PK\x03\x04":
-                raise zipfile.BadZipFile("bad local header for {}".format(info.filename))
-            start = info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
-            content = data[start:start + info.compress_size]
-            if len(content) != info.compress_size:
-                raise zipfile.BadZipFile("member {} is cut short".format(info.filename))
-            members[info.filename] = content
-            crcs[info.filename] = info.CRC
-    return members, crcs
+    def bytes(self, data: bytes) -> bytes:
+        return data[self.start:self.start + self.size]
+
+
+def zip_entries(data: bytes, label: str, hint: str = schema.HINT) -> Dict[str, ZipEntry]:
+    """The members of a zip held in `data`, refused unless each is stored, unique, plainly named, inside the file
+    and apart from every other: overlapping entries would let a small file make a load copy the same bytes again
+    and again. `label` starts every message (the bundle, or the bundle and its `.npz` member)."""
+    _check_entry_count(data, label, hint)
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            infos = archive.infolist()
+    except Exception as error:  # zipfile raises BadZipFile, NotImplementedError, ValueError, struct.error, ...
+        raise BundleError("{} is not a readable zip archive (truncated, damaged or not a bundle at all): {}".format(
+            label, schema.short(str(error), 200)), hint=hint)
+    entries = {}  # type: Dict[str, ZipEntry]
+    spans = []  # type: List[Tuple[int, int, str]]
+    for info in infos:
+        name = info.filename
+        if name in entries:
+            raise BundleError("{}: member {} appears twice".format(label, schema.short(name)), hint=hint)
+        schema.check_member_name(name, label)
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+            raise BundleError("{}: member {} is compressed or encrypted; edgedyn writes stored members only".format(
+                label, schema.short(name)), hint=hint)
+        if info.compress_size != info.file_size:
+            raise BundleError("{}: member {} declares {} stored bytes but {} uncompressed".format(
+                label, schema.short(name), info.compress_size, info.file_size), hint=hint)
+        start = _data_start(data, info, label, hint)
+        entries[name] = ZipEntry(start, info.file_size, info.CRC)
+        spans.append((info.header_offset, start + info.file_size, name))
+    directory = _directory_offset(data)
+    previous_end, previous = 0, ""
+    for begin, end, name in sorted(spans):
+        if begin < previous_end:
+            raise BundleError("{}: members {} and {} overlap in the file".format(
+                label, schema.short(previous), schema.short(name)), hint=hint)
+        if end > directory:
+            raise BundleError("{}: member {} runs past the end of its data (cut short?)".format(
+                label, schema.short(name)), hint=hint)
+        previous_end, previous = end, name
+    return entries
+
+
+def _end_record(data: bytes) -> Tuple[int, int]:
+    """(entries, central directory offset) from the end-of-directory record; (-1, -1) when there is none."""
+    position = data.rfind(b"PK\x05\x06", max(0, len(data) - _END_RECORD.size - 0xFFFF))
+    if position < 0 or position + _END_RECORD.size > len(data):
+        return -1, -1
+    fields = _END_RECORD.unpack_from(data, position)
+    return fields[4], fields[6]
+
+
+def _check_entry_count(data: bytes, label: str, hint: str) -> None:
+    """Counts the entries before zipfile builds an object for each of them."""
+    count, _ = _end_record(data)
+    if count > MAX_MEMBERS:
+        raise BundleError("{} lists {} zip entries, more than the {} this runtime reads".format(
+            label, count, MAX_MEMBERS), hint=hint)
+
+
+def _directory_offset(data: bytes) -> int:
+    _, offset = _end_record(data)
+    return offset if offset >= 0 else len(data)
+
+
+def _data_start(data: bytes, info: zipfile.ZipInfo, label: str, hint: str) -> int:
+    """Where a member's bytes begin, after its local header, which must agree with the directory."""
+    offset = info.header_offset
+    if offset < 0 or offset + _LOCAL_HEADER.size > len(data):
+        raise BundleError("{}: member {} starts outside the file".format(label, schema.short(info.filename)),
+                          hint=hint)
+    fields = _LOCAL_HEADER.unpack_from(data, offset)
+    name_start = offset + _LOCAL_HEADER.size
+    local_name = data[name_start:name_start + fields[9]]
+    if fields[0] != b"PK\x03\x04" or local_name.decode("cp437" if not fields[2] & 0x800 else "utf-8",
+                                                          "replace") != info.orig_filename:
+        raise BundleError("{}: the local header of member {} does not match the directory".format(
+            label, schema.short(info.filename)), hint=hint)
+    return name_start + fields[9] + fields[10]
+
+
+# Note: numpy's own np.load allocates the array a header declares before reading its bytes, so a damaged header
+# could ask for gigabytes; here the header is checked against the member's size first.
+def read_npz(data: bytes, label: str) -> Dict[str, np.ndarray]:
+    """The arrays of `.npz` bytes: stored `.npy` members with numeric dtypes whose data fills them exactly."""
+    arrays = {}
+    for name, entry in zip_entries(data, label).items():
+        if not name.endswith(".npy"):
+            raise BundleError("{}: holds {}, which is not an .npy array".format(label, schema.short(name)),
+                              hint=schema.HINT)
+        arrays[name[:-4]] = _read_npy(entry.bytes(data), "{}, array {}".format(label, schema.short(name[:-4])))
+    return arrays
+
+
+def _read_npy(data: bytes, label: str) -> np.ndarray:
+    handle = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(handle)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+        else:
+            raise ValueError("unsupported .npy version {}".format(version))
+    except Exception as error:  # numpy raises ValueError, SyntaxError or TypeError for a damaged header
+        raise BundleError("{}: damaged .npy header ({})".format(label, schema.short(str(error), 200)),
+                          hint=schema.HINT)
+    if dtype.name not in schema.DTYPES or dtype.byteorder not in ("=", "|", "<" if sys.byteorder == "little" else ">"):
+        raise BundleError("{}: dtype {} is not one a bundle may hold ({})".format(
+            label, schema.short(str(dtype)), ", ".join(schema.DTYPES)), hint=schema.HINT)
+    count = 1
+    for size in shape:
+        count *= size
+    body = len(data) - handle.tell()
+    if count * dtype.itemsize != body:
+        raise BundleError("{}: shape {} of {} needs {} bytes, the member holds {}".format(
+            label, schema.short(shape), dtype, count * dtype.itemsize, body), hint=schema.HINT)
+    array = np.frombuffer(data, dtype=dtype, count=count, offset=handle.tell())
+    return array.reshape(shape, order="F" if fortran else "C")
+
+
+def read_json(data: bytes, label: str) -> Any:
+    """A JSON member, with every way it can fail to parse reported as a BundleError naming the member."""
+    if len(data) > MAX_JSON_BYTES:
+        raise BundleError("{} is {} bytes, above the {} this runtime reads".format(label, len(data), MAX_JSON_BYTES),
+                          hint=schema.HINT)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise BundleError("{} is not valid JSON ({})".format(label, schema.short(str(error), 200)), hint=schema.HINT)
 
 
 def cache_dir() -> Path:
@@ -195,24 +341,20 @@ def cache_dir() -> Path:
 
 
 def _parse_manifest(data: bytes, path: Path) -> Dict[str, Any]:
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise BundleError("bundle {}: manifest is not valid JSON ({})".format(path, error))
+    manifest = read_json(data, "bundle {}: manifest".format(path))
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise BundleError("{} is not an edgedyn bundle (manifest format is {!r})".format(path, manifest.get("format")
-                          if isinstance(manifest, dict) else None))
+        raise BundleError("{} is not an edgedyn bundle (manifest format is {})".format(path, schema.short(
+            manifest.get("format") if isinstance(manifest, dict) else None)))
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
+        producer = manifest.get("producer")
         raise BundleError(
-            "bundle {} has format version {}, this runtime reads version {}".format(path, version, FORMAT_VERSION),
+            "bundle {} has format version {}, this runtime reads version {}".format(
+                path, schema.short(version), FORMAT_VERSION),
             hint="install the edgedyn version that made it ({}) on the board, or export again with this one".format(
-                manifest.get("producer", {}).get("edgedyn", "unknown")),
+                schema.short(producer.get("edgedyn", "unknown") if isinstance(producer, dict) else "unknown")),
         )
-    for key in ("members", "specializations", "signature", "board"):
-        if key not in manifest:
-            raise BundleError("bundle {}: manifest lacks the {!r} field".format(path, key))
-    return manifest
+    return schema.check_manifest(manifest, path, MANIFEST_NAME)
 
 
 def read_manifest(path: PathLike) -> Dict[str, Any]:

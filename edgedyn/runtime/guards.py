@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from edgedyn.runtime.schema import short
+
 Guard = Dict[str, Any]
 
 _SCALAR_TYPES = {"int": int, "float": float, "bool": bool}
@@ -53,9 +55,9 @@ def describe(guard: Guard) -> str:
 def check(guard: Guard, value: Any) -> Optional[str]:
     """None when `value` satisfies the guard, else what failed, in words."""
     kind, name = guard["kind"], guard["input"]
+    if kind in ("tensor", "dtype", "rank", "dim") and not isinstance(value, np.ndarray):
+        return "input '{}': expected a numpy array, got {}".format(name, type(value).__name__)
     if kind == "tensor":
-        if not isinstance(value, np.ndarray):
-            return "input '{}': expected a numpy array, got {}".format(name, type(value).__name__)
         return None
     if kind == "dtype":
         if str(value.dtype) != guard["expected"]:
@@ -67,6 +69,8 @@ def check(guard: Guard, value: Any) -> Optional[str]:
                 name, guard["expected"], value.ndim, format_shape(value.shape))
         return None
     if kind == "dim":
+        if guard["index"] >= value.ndim:
+            return "input '{}' has {} dims, no dim {}".format(name, value.ndim, guard["index"])
         actual = value.shape[guard["index"]]
         if actual != guard["expected"]:
             return "input '{}' dim {}: expected {}, got {}".format(name, guard["index"], guard["expected"], actual)
@@ -77,11 +81,11 @@ def check(guard: Guard, value: Any) -> Optional[str]:
         if type(value) is not expected_type and not (
             isinstance(value, np.generic) and type(value.item()) is expected_type
         ):
-            return "argument '{}': expected a Python {} equal to {!r}, got {} {!r}".format(
-                name, guard["type"], guard["expected"], type(value).__name__, value)
+            return "argument '{}': expected a Python {} equal to {!r}, got {} {}".format(
+                name, guard["type"], guard["expected"], type(value).__name__, short(value))
         if value != guard["expected"]:
-            return "argument '{}': this specialization was captured with {} == {!r}, got {!r}".format(
-                name, name, guard["expected"], value)
+            return "argument '{}': this specialization was captured with {} == {!r}, got {}".format(
+                name, name, guard["expected"], short(value))
         return None
     raise ValueError("unknown guard kind {!r}".format(kind))
 
@@ -104,4 +108,4 @@ def input_spec(name: str, value: Any) -> str:
     if isinstance(value, np.ndarray):
         text = "{}={}".format(name, format_shape(value.shape) if value.ndim else "scalar")
         return text if value.dtype == np.float32 else "{}:{}".format(text, value.dtype)
-    return "{}={!r}".format(name, value)
+    return "{}={}".format(name, short(value))

@@ -6,8 +6,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edgedyn.runtime import guards as guard_checks
+from edgedyn.runtime import schema
 from edgedyn.runtime.devices import gpu_unusable_reason
-from edgedyn.runtime.errors import EdgedynError, GuardError, MissingDependencyError, PlatformError
+from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, GuardError, MissingDependencyError,
+                                    PlatformError)
 from edgedyn.runtime.executors import executor_class
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
 
@@ -67,6 +69,7 @@ class Program:
     def __init__(self, bundle: Bundle, threads: Optional[int] = None, device: str = "auto") -> None:
         if device not in DEVICES:
             raise EdgedynError("unknown device '{}'; choose from: {}".format(device, ", ".join(DEVICES)))
+        check_threads(threads)
         started = time.perf_counter()
         self.bundle = bundle
         self.manifest = bundle.manifest
@@ -88,13 +91,13 @@ class Program:
             reason = unusable_reason(artifact, arch, device)
             if reason is None:
                 try:
-                    spec.executor = executor_class(artifact["executor"])(self.bundle, artifact, {"threads": threads})
+                    spec.executor = self._open(spec, artifact, threads)
                     spec.artifact = artifact
                     return
-                except (MissingDependencyError, RuntimeError) as error:
+                except (MissingDependencyError, ArtifactLoadError) as error:
                     if index == len(artifacts) - 1:
                         raise
-                    reason = getattr(error, "message", str(error)).splitlines()[0]
+                    reason = error.message.splitlines()[0]
             spec.skipped.append((artifact_label(artifact), reason))
         if all(a.get("arch") not in (None, arch) for a in artifacts):
             raise _wrong_platform(self.bundle, spec, arch)
@@ -104,14 +107,41 @@ class Program:
             hint="use --device auto, or export again for this machine",
         )
 
+    def _open(self, spec: Specialization, artifact: Dict[str, Any], threads: Optional[int]) -> Any:
+        """The artifact's executor. Whatever its runtime raises on the artifact's bytes (a protobuf, flatbuffer or
+        TVM error) becomes an ArtifactLoadError naming the members, so the next artifact may be tried."""
+        opener = executor_class(artifact["executor"])
+        try:
+            return opener(self.bundle, artifact, {"threads": threads,
+                                                  "declared_bytes": schema.declared_tensor_bytes(spec.record)})
+        except EdgedynError:
+            raise
+        except Exception as error:
+            raise ArtifactLoadError(
+                "bundle {}: {} of specialization {} (members {}) does not load: {}: {}".format(
+                    self.bundle.path.name, artifact_label(artifact), schema.short(spec.name),
+                    schema.bounded(sorted(artifact["files"].values())), type(error).__name__,
+                    schema.short(str(error), 300)),
+                hint="copy the bundle again or export it again; never edit a bundle by hand")
+
     @property
     def name(self) -> str:
         return self.manifest["model"]["name"]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the matching specialization; safe to call from any number of threads at once (see threads.py)."""
         spec, values = self.dispatch(*args, **kwargs)
-        flat = spec.executor.run([np.ascontiguousarray(values[name]) for name in spec.inputs])
-        return build_outputs(spec.output_tree, flat)
+        try:
+            flat = spec.executor.run([np.ascontiguousarray(values[name]) for name in spec.inputs])
+            return build_outputs(spec.output_tree, flat)
+        except EdgedynError:
+            raise
+        except Exception as error:  # the arguments passed every guard: the artifact itself is at fault
+            raise ExecutionError(
+                "{} ({}) failed on arguments that match its guards: {}: {}".format(
+                    schema.short(spec.name), artifact_label(spec.artifact), type(error).__name__,
+                    schema.short(str(error), 300)),
+                hint="run `edgedyn verify` on the bundle; export it again if it fails")
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, Dict[str, Any]]:
         """The specialization whose guards all hold for these arguments, and the bound argument values."""
@@ -153,6 +183,8 @@ class Program:
         """The reference arguments stored at export time and torch eager's outputs for them."""
         arrays = self.bundle.arrays(spec.record["reference"])
         values = dict(spec.record["constants"])
+        wanted = ["input." + name for name in spec.inputs] + ["output.{}".format(i) for i in range(len(spec.outputs))]
+        _require_arrays(arrays, wanted, spec.record["reference"])
         for name in spec.inputs:
             values[name] = arrays["input." + name]
         outputs = [arrays["output.{}".format(i)] for i in range(len(spec.outputs))]
@@ -174,12 +206,32 @@ class Program:
                 # A quantized artifact: compared with its own outputs recorded at export (int8 differs from torch
                 # eager by design; the manifest's quantization.accuracy says by how much). See quantize/accuracy.py.
                 recorded = self.bundle.arrays(spec.artifact["files"][EXPECTED_ROLE])
+                _require_arrays(recorded, ["output.{}".format(i) for i in range(len(spec.outputs))],
+                                spec.artifact["files"][EXPECTED_ROLE])
                 expected = [recorded["output.{}".format(i)] for i in range(len(spec.outputs))]
                 extra["against"] = "int8 outputs recorded at export"
             for record, got, want in zip(spec.outputs, actual, expected):
                 results.append(dict(compare(got, want, tolerance), specialization=spec.name, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))
         return results
+
+
+def check_threads(threads: Any) -> None:
+    """None (the backend's default) or a whole number of threads, 1 or more."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise EdgedynError("the thread count must be 1 or more, got {}".format(schema.short(threads)),
+                           hint="pass --threads N (threads=N) with N >= 1, or leave it out for the backend's default")
+
+
+class ArtifactLoadError(BundleError):
+    """An artifact's own runtime refused its bytes; the next artifact of the specialization may still run."""
+
+
+def _require_arrays(arrays: Dict[str, np.ndarray], names: List[str], member: str) -> None:
+    missing = [name for name in names if name not in arrays]
+    if missing:
+        raise BundleError("bundle member {} lacks arrays {}".format(member, schema.bounded(missing)),
+                          hint="copy the bundle again or export it again; never edit a bundle by hand")
 
 
 def compare(got: np.ndarray, want: np.ndarray, tolerance: Dict[str, float]) -> Dict[str, Any]:
@@ -232,8 +284,10 @@ def flatten_outputs(tree: Dict[str, Any], value: Any) -> List[np.ndarray]:
 
 def _no_match_message(model: str, failures: List[Tuple[str, str]]) -> str:
     lines = ["no specialization of {} matches these arguments:".format(model)]
-    for name, failure in failures:
-        lines.append("  {}: {}".format(name, failure))
+    for name, failure in failures[:schema.LISTED]:
+        lines.append("  {}: {}".format(schema.short(name), failure))
+    if len(failures) > schema.LISTED:
+        lines.append("  and {} more".format(len(failures) - schema.LISTED))
     return "\n".join(lines)
 
 
@@ -260,11 +314,14 @@ def _wrong_platform(bundle: Bundle, spec: Specialization, arch: str) -> Platform
     )
 
 
-def load(path: PathLike, threads: Optional[int] = None, device: str = "auto") -> Program:
+def load(path: PathLike, threads: Optional[int] = None, device: str = "auto",
+         trusted_keys: Optional[Sequence[Any]] = None) -> Program:
     """Opens a bundle, checks format, checksums and CPU architecture, and returns the callable program.
 
     `device`: "auto" runs GPU artifacts when this machine can (driver, GPU and executor present) and the CPU
     artifact otherwise; "cpu" or "gpu" forces the choice. Each specialization's choice is logged and kept in
     `program.specializations[i].selection()`.
+    `trusted_keys`: public key files (or raw keys); when given, or when EDGEDYN_TRUSTED_KEYS names any, a bundle
+    that is not signed by one of them is refused before any member is parsed or any library loaded.
     """
-    return Program(Bundle(path), threads=threads, device=device)
+    return Program(Bundle(path, trusted_keys=trusted_keys), threads=threads, device=device)

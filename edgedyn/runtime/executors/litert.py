@@ -1,10 +1,13 @@
 """Runs a .tflite model with LiteRT (`ai-edge-litert`, XNNPACK on by default), or `tflite-runtime` with numpy < 2."""
 import os
-from typing import Any, Dict, List
+import struct
+import threading
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from edgedyn.runtime.errors import MissingDependencyError
+from edgedyn.runtime import schema
+from edgedyn.runtime.errors import BundleError, MissingDependencyError
 
 _HINT = "pip install 'edgedyn[litert]'"
 
@@ -31,29 +34,63 @@ def _interpreter_class() -> Any:
         hint="{}  (on Python < 3.10 with numpy < 2: pip install tflite-runtime)".format(_HINT))
 
 
+class _Interpreter:
+    """One interpreter with its tensors allocated, and the input and output indices in the model's order."""
+
+    def __init__(self, interpreter_class: Any, model: bytes, threads: int) -> None:
+        self.interpreter = interpreter_class(model_content=model, num_threads=threads)
+        self.interpreter.allocate_tensors()
+        # each input in the model's own type: float32 data, int64 token ids (the guards checked the dtypes)
+        self.inputs = [(d["index"], d["dtype"]) for d in self.interpreter.get_input_details()]
+        self.outputs = [d["index"] for d in self.interpreter.get_output_details()]
+
+    def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
+        for (index, dtype), array in zip(self.inputs, inputs):
+            self.interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=dtype))
+        self.interpreter.invoke()
+        return [self.interpreter.get_tensor(index) for index in self.outputs]
+
+
 class LiteRtExecutor:
-    """One LiteRT interpreter over the bundle's .tflite member; inputs and outputs in the torch model's layout."""
+    """One LiteRT interpreter over the bundle's .tflite member; inputs and outputs in the torch model's layout.
+
+    An interpreter holds the tensors of the call in flight, so calls take a lock. Measured with 8 threads x 100 calls
+    on 2 cores, one locked interpreter took 29 ms (tiny_cnn) and 45 ms (transformer_block), an interpreter per thread
+    34 ms and 88 ms: XNNPACK already spreads one call over every core (num_threads), and per-thread interpreters
+    only add copies of the tensors and compete for the same cores.
+    """
 
     def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
         interpreter_class, self._package = _interpreter_class()
         self._model = bundle.read(artifact["files"]["model"])  # kept alive: the interpreter reads it in place
+        _check_tensor_bytes(self._model, options.get("declared_bytes"), bundle, artifact["files"]["model"])
         self._threads = int(options.get("threads") or os.cpu_count() or 1)
-        self._interpreter = interpreter_class(model_content=self._model, num_threads=self._threads)
-        self._interpreter.allocate_tensors()
-        # each input in the model's own type: float32 data, int64 token ids (the guards checked the dtypes)
-        self._inputs = [(d["index"], d["dtype"]) for d in self._interpreter.get_input_details()]
-        self._outputs = [d["index"] for d in self._interpreter.get_output_details()]
+        self._interpreter = _Interpreter(interpreter_class, self._model, self._threads)
+        self._lock = threading.Lock()
         self.artifact = artifact
 
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
-        for (index, dtype), array in zip(self._inputs, inputs):
-            self._interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=dtype))
-        self._interpreter.invoke()
-        return [self._interpreter.get_tensor(index) for index in self._outputs]
+        with self._lock:
+            return self._interpreter.run(inputs)
 
     def describe(self) -> Dict[str, Any]:
         return {"executor": "litert", "device": "cpu", "runtime": self._package, "threads": self._threads,
-                "version": _version(self._package)}
+                "version": _version(self._package), "calls": "serialized (one interpreter, locked)"}
+
+
+def _check_tensor_bytes(model: bytes, declared: Optional[int], bundle: Any, member: str) -> None:
+    """LiteRT allocates every tensor the flatbuffer declares: a damaged or edited shape could ask for gigabytes and
+    still run. The declared total must stay near what the manifest says the graph needs (its unplanned tensors,
+    plus the weights the file itself holds; measured 1.5x and 1.9x on tiny_cnn and transformer_block)."""
+    try:
+        needed = schema.tflite_tensor_bytes(model)
+    except (ValueError, IndexError, struct.error) as error:
+        raise BundleError("bundle {}: {} is not a readable TFLite flatbuffer ({})".format(
+            bundle.path, member, schema.short(str(error))), hint=schema.HINT)
+    limit = 4 * ((declared if declared is not None else 16 * len(model)) + len(model)) + (1 << 20)
+    if needed > limit:
+        raise BundleError("bundle {}: {} declares tensors of {} bytes, far above the {} its manifest allows".format(
+            bundle.path, member, needed, limit), hint=schema.HINT)
 
 
 def _version(package: str) -> str:

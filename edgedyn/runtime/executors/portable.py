@@ -1,34 +1,42 @@
 """Runs a portable graph (edgedyn's own format, see edgedyn/backends/portable.py) with numpy kernels.
 
-Every input, intermediate, output and kernel scratch buffer is a view of one arena allocated when the bundle is
-loaded, at the offsets the memory plan chose; each step is prepared once (views, reshapes), so a call copies the
+Every input, intermediate, output and kernel scratch buffer is a view of one arena (one per calling thread, the
+first built when the bundle is loaded), at the offsets the memory plan chose; each step is prepared once (views, reshapes), so a call copies the
 inputs in, runs the steps and copies the outputs out: no allocation for intermediates.
 Standard library and numpy >= 1.19 only, Python 3.8 syntax: this file runs on the board.
 """
-import json
+import os
 from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from edgedyn.runtime import kernels
+from edgedyn.runtime import kernels, schema
 from edgedyn.runtime.errors import BundleError
+from edgedyn.runtime.threads import PerThread
 
-# The graph.json format this executor reads; the portable backend writes it with these constants.
-GRAPH_FORMAT = "edgedyn-portable-graph"
-GRAPH_FORMAT_VERSION = 1
+# The graph.json format this executor reads (checked in runtime/schema.py); the portable backend writes it with
+# these constants.
+GRAPH_FORMAT = schema.PORTABLE_FORMAT
+GRAPH_FORMAT_VERSION = schema.PORTABLE_VERSION
 
 
-class PortableExecutor:
-    """One arena, one list of prepared kernel calls."""
+def _arena_limit(artifact: Dict[str, Any]) -> int:
+    """The most arena a graph may ask for: what the manifest planned when it says, never more than this machine's
+    memory (an arena per calling thread is allocated from this number)."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no machine limit to add
+        physical = 1 << 62
+    planned = artifact.get("memory", {}).get("arena_bytes") if isinstance(artifact.get("memory"), dict) else None
+    return min(planned, physical) if isinstance(planned, int) and planned >= 0 else physical
 
-    def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
-        files = artifact["files"]
-        graph = json.loads(bundle.read(files["graph"]).decode("utf-8"))
-        if graph.get("format") != GRAPH_FORMAT or graph.get("format_version") != GRAPH_FORMAT_VERSION:
-            raise BundleError("bundle {}: portable graph has format {!r} version {!r}, this runtime reads {} {}".format(
-                bundle.path, graph.get("format"), graph.get("format_version"), GRAPH_FORMAT, GRAPH_FORMAT_VERSION),
-                hint="install the edgedyn version that made the bundle on the board")
-        self.weights = bundle.arrays(files["weights"])
+
+class _Arena:
+    """One arena with every value viewed in it and every step prepared over those views (one per thread)."""
+
+    def __init__(self, graph: Dict[str, Any], weights: Dict[str, np.ndarray], checker: schema.Checker) -> None:
+        self.weights = weights
+        self.checker = checker
         alignment = int(graph.get("alignment", 64))
         raw = np.zeros(int(graph["arena_bytes"]) + alignment, np.uint8)
         start = (-raw.ctypes.data) % alignment
@@ -36,9 +44,8 @@ class PortableExecutor:
         self.values = [self._view(record) for record in graph["values"]]
         self.inputs = [self.values[i] for i in graph["inputs"]]
         self.outputs = [self.values[i] for i in graph["outputs"]]
-        self.steps = [self._prepare(step) for step in graph["steps"]]  # type: List[Callable[[], None]]
-        self.graph = graph
-        self.artifact = artifact
+        self.steps = [self._prepare(step, "steps[{}]".format(i))
+                      for i, step in enumerate(graph["steps"])]  # type: List[Callable[[], None]]
 
     def _view(self, record: Dict[str, Any]) -> np.ndarray:
         dtype = np.dtype(record["dtype"])
@@ -52,12 +59,17 @@ class PortableExecutor:
     def _scratch(self, record: Dict[str, Any], dtype: Any) -> np.ndarray:
         return np.ndarray(record["shape"], dtype, buffer=self.arena, offset=record["offset_bytes"])
 
-    def _prepare(self, step: Dict[str, Any]) -> Callable[[], None]:
+    def _prepare(self, step: Dict[str, Any], where: str) -> Callable[[], None]:
         outs = [self.values[i] if i is not None else None for i in step["outputs"]]
         dtype = next(o for o in outs if o is not None).dtype
+        args = self._decode(step["args"])
+        kwargs = {key: self._decode(item) for key, item in step["kwargs"].items()}
+        schema.check_step_views(self.checker, where, step["op"], outs, args, kwargs, step["scratch"], kernels)
         scratch = [self._scratch(record, dtype) for record in step["scratch"]]
-        return kernels.KERNELS[step["op"]](outs, self._decode(step["args"]),
-                                         {key: self._decode(item) for key, item in step["kwargs"].items()}, scratch)
+        try:
+            return kernels.KERNELS[step["op"]](outs, args, kwargs, scratch)
+        except Exception as error:  # arguments of the wrong kind or shape for this op
+            raise self.checker.fail(where, "{} cannot be prepared ({})".format(step["op"], schema.short(str(error))))
 
     def _decode(self, value: Any) -> Any:
         if isinstance(value, list):
@@ -80,6 +92,37 @@ class PortableExecutor:
                 step()
         return [np.array(output, order="C") for output in self.outputs]
 
+
+class PortableExecutor:
+    """The graph and weights, read once; an arena per calling thread (threads.PerThread), since a call writes
+    every intermediate into its arena."""
+
+    def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
+        files = artifact["files"]
+        for role in ("graph", "weights"):
+            if role not in files:
+                raise BundleError("bundle {}: the portable artifact names no {} member".format(bundle.path, role))
+        graph = bundle.json(files["graph"])
+        self.weights = bundle.arrays(files["weights"])
+        schema.check_portable_graph(graph, bundle.path, files["graph"], self.weights, kernels, _arena_limit(artifact))
+        checker = schema.Checker(bundle.path, files["graph"])
+        self._arenas = PerThread(lambda: _Arena(graph, self.weights, checker))
+        self.graph = graph
+        self.artifact = artifact
+
+    @property
+    def arena(self) -> np.ndarray:
+        """This thread's arena."""
+        return self._arenas.get().arena
+
+    @property
+    def outputs(self) -> List[np.ndarray]:
+        """This thread's output views in its arena."""
+        return self._arenas.get().outputs
+
+    def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
+        return self._arenas.get().run(inputs)
+
     def describe(self) -> Dict[str, Any]:
         return {
             "executor": "portable",
@@ -87,6 +130,7 @@ class PortableExecutor:
             "numpy": np.__version__,
             "arena_bytes": int(self.arena.nbytes),
             "weights_bytes": int(sum(array.nbytes for array in self.weights.values())),
-            "steps": len(self.steps),
+            "steps": len(self.graph["steps"]),
             "allocates_intermediates": False,
+            "arena_per_thread": True,
         }

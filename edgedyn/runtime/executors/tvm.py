@@ -6,6 +6,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from edgedyn.runtime.errors import MissingDependencyError
+from edgedyn.runtime.threads import PerThread
 
 
 def _import_tvm() -> Any:
@@ -24,7 +25,7 @@ def _import_tvm() -> Any:
 
 
 class TvmExecutor:
-    """One Relax VM over a shared library extracted from the bundle."""
+    """A Relax VM per calling thread over one shared library extracted from the bundle."""
 
     def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
         tvm = _import_tvm()
@@ -44,16 +45,17 @@ class TvmExecutor:
                     hint="install a TVM runtime built with CUDA for this board (see the README's Jetson notes)")
             self._device = tvm.cuda(0)
         library = tvm.runtime.load_module(str(bundle.extract(files["library"])))
-        self._vm = runtime_vm.VirtualMachine(library, self._device)
         weights = bundle.arrays(files["weights"])
         order = artifact["weight_order"]
+        # The weights are read-only device tensors, shared; a VM keeps the registers of the call in flight, so each
+        # calling thread gets its own (sharing one crashed TVM with two threads).
         self._weights = [tvm.runtime.tensor(weights[key], self._device) for key in order]
-        self._main = self._vm["main"]
+        self._mains = PerThread(lambda: runtime_vm.VirtualMachine(library, self._device)["main"])
         self.artifact = artifact
 
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
         args = [self._tvm.runtime.tensor(array, self._device) for array in inputs]
-        result = self._main(*args, *self._weights)
+        result = self._mains.get()(*args, *self._weights)
         if isinstance(result, self._tvm.runtime.Tensor):
             return [result.numpy()]
         return [item.numpy() for item in _flatten(result)]
