@@ -6,12 +6,12 @@ import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import err, out, print_json
+from edgedyn.cli.common import JsonOption, emit_json, err, out
 
 
 def verify_command(
     bundle: Annotated[Path, typer.Argument(help="The .edgedyn bundle to check.")],
-    json_: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    json_: JsonOption = None,
     threads: Annotated[Optional[int], typer.Option(help="Threads for the executor.")] = None,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
@@ -32,10 +32,9 @@ def verify_command(
         err.print("using {}".format(spec.selection()))
     results = program.verify()
     failed = [r for r in results if not r["ok"]]
-    if json_:
-        print_json({"bundle": str(bundle), "ok": not failed, "arch": host_arch(), "results": results,
-                    "selection": {s.name: {"artifact": s.artifact, "skipped": s.skipped} for s in program.specializations}})
-    else:
+    report = {"bundle": str(bundle), "ok": not failed, "arch": host_arch(), "results": results,
+              "selection": {s.name: {"artifact": s.artifact, "skipped": s.skipped} for s in program.specializations}}
+    if not emit_json(report, json_):
         table = Table(title="verify {}".format(bundle.name))
         for column in ("specialization", "output", "artifact", "max abs err", "max rel err", "tolerance", "result"):
             table.add_column(column)

@@ -6,6 +6,7 @@ inputs in, runs the steps and copies the outputs out: no allocation for intermed
 Standard library and numpy >= 1.19 only, Python 3.8 syntax: this file runs on the board.
 """
 import json
+import time
 from typing import Any, Callable, Dict, List
 
 import numpy as np
@@ -80,6 +81,32 @@ class PortableExecutor:
                 step()
         return [np.array(output, order="C") for output in self.outputs]
 
+    def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
+        """Times each step over `runs` calls (see edgedyn/runtime/bench.py for the report it feeds)."""
+        for target, array in zip(self.inputs, inputs):
+            np.copyto(target, array, casting="same_kind")
+        totals = [0.0] * len(self.steps)
+        clock = time.perf_counter
+        with np.errstate(over="ignore", under="ignore"):
+            for _ in range(runs):
+                for index, step in enumerate(self.steps):
+                    started = clock()
+                    step()
+                    totals[index] += clock() - started
+        ops = [{"name": record["name"], "type": record["op"], "ms": total * 1000.0, "calls": runs,
+                "bytes": self._bytes_touched(record)} for record, total in zip(self.graph["steps"], totals)]
+        return {"source": "portable executor timers (perf_counter around each kernel call)", "runs": runs,
+                "ops": ops}
+
+    def _bytes_touched(self, step: Dict[str, Any]) -> int:
+        """Bytes a step reads and writes: its argument and output arrays and its scratch, each counted once."""
+        indices = set(i for i in step["outputs"] if i is not None)
+        indices.update(_value_indices(step["args"]))
+        indices.update(_value_indices(step["kwargs"]))
+        return int(sum(self.values[i].nbytes for i in indices) + sum(
+            int(np.prod(record["shape"])) * self.values[next(i for i in step["outputs"] if i is not None)].itemsize
+            for record in step["scratch"]))
+
     def describe(self) -> Dict[str, Any]:
         return {
             "executor": "portable",
@@ -90,3 +117,14 @@ class PortableExecutor:
             "steps": len(self.steps),
             "allocates_intermediates": False,
         }
+
+
+def _value_indices(encoded: Any) -> List[int]:
+    """The graph value indices an encoded step argument refers to (`{"value": i}` at any depth)."""
+    if isinstance(encoded, list):
+        return [i for item in encoded for i in _value_indices(item)]
+    if isinstance(encoded, dict):
+        if set(encoded) == {"value"}:
+            return [int(encoded["value"])]
+        return [i for item in encoded.values() for i in _value_indices(item)]
+    return []
