@@ -73,9 +73,9 @@ def test_the_profile_leaves_results_unchanged(export_example):
 class _FakeExecutor:
     def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
         return {"source": "fake", "runs": runs, "ops": [
-            {"name": "a", "type": "Conv", "ms": 6.0 * runs, "calls": runs},
-            {"name": "b", "type": "Relu", "ms": 1.0 * runs, "calls": runs, "bytes": 64},
-            {"name": "c", "type": "Conv", "ms": 3.0 * runs, "calls": 2 * runs}]}
+            {"name": "a", "type": "Conv", "ms": 6.0, "calls": 1},
+            {"name": "b", "type": "Relu", "ms": 1.0, "calls": 1, "bytes": 64},
+            {"name": "c", "type": "Conv", "ms": 3.0, "calls": 2}]}
 
 
 class _FakeSpec:
@@ -94,16 +94,18 @@ def test_tables_sum_per_node_and_per_type():
     assert ops["total_ms"] == 10.0 and ops["total_of_median"] == pytest.approx(0.8)
 
 
-def test_onnxruntime_events_skip_the_warm_up_run_and_the_fences():
+def test_onnxruntime_events_give_medians_per_run_without_warm_up_or_fences():
     def run(ts: int) -> Dict[str, Any]:
         return {"cat": "Session", "name": "model_run", "ts": ts, "dur": 100}
 
     def node(name: str, ts: int, dur: int) -> Dict[str, Any]:
         return {"cat": "Node", "name": name, "ts": ts, "dur": dur, "args": {"op_name": "Conv"}}
 
-    events = [run(0), node("conv_kernel_time", 10, 50), run(200), node("conv_fence_before", 205, 1),
-              node("conv_kernel_time", 210, 40), run(400), node("conv_kernel_time", 410, 30)]
-    assert node_times(events, skip_runs=1) == [{"name": "conv", "type": "Conv", "ms": 0.07, "calls": 2}]
+    events = [run(0), node("conv_kernel_time", 10, 500), run(200), node("conv_fence_before", 205, 1),
+              node("conv_kernel_time", 210, 40), node("conv_kernel_time", 230, 20), run(400),
+              node("conv_kernel_time", 410, 30), run(600), node("conv_kernel_time", 610, 90)]
+    # Runs after the warm-up: 60 us (two calls), 30 us, 90 us -> median 60 us, twice per run.
+    assert node_times(events, skip_runs=1) == [{"name": "conv", "type": "Conv", "ms": 0.06, "calls": 2}]
 
 
 @pytest.mark.parametrize("symbol, kind", [("fused_conv2d1_add1_relu1", "fused_conv2d_add_relu"),

@@ -254,14 +254,17 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
 
 def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float) -> Dict[str, Any]:
     """The executor's per-operator times over `runs` calls, as tables like TFLite's benchmark_model prints:
-    every node sorted by time with its share and the cumulative share, and the same summed per op type."""
+    every node sorted by time with its share and the cumulative share, and the same summed per op type.
+
+    Executors report each operator's median time per run (a busy machine's stalls would dominate a mean; the
+    latency it is compared with is a median too) and its calls per run."""
     profile = getattr(spec.executor, "profile", None)
     if profile is None:
         raise EdgedynError("the {} executor has no per-operator profiler".format(spec.artifact["executor"]),
                            hint="run edgedyn bench without --profile")
     raw = profile([np.ascontiguousarray(values[name]) for name in spec.inputs], runs)
-    nodes = [{"name": op["name"], "type": op["type"], "count": op["calls"] / float(runs), "ms": op["ms"] / runs,
-              "bytes": op.get("bytes")} for op in raw["ops"]]
+    nodes = [{"name": op["name"], "type": op["type"], "count": op["calls"], "ms": op["ms"], "bytes": op.get("bytes")}
+             for op in raw["ops"]]
     total = sum(node["ms"] for node in nodes)
     by_type = {}  # type: Dict[str, Dict[str, Any]]
     for node in nodes:

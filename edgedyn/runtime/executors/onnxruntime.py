@@ -10,6 +10,8 @@ import numpy as np
 from edgedyn.runtime.errors import MissingDependencyError
 
 CPU = "CPUExecutionProvider"
+# Runs of the fresh profiling session left out of its profile: its first calls grow memory arenas and caches.
+WARMUP_RUNS = 5
 
 
 def _import_onnxruntime() -> Any:
@@ -70,14 +72,14 @@ class OnnxRuntimeExecutor:
             options.profile_file_prefix = os.path.join(directory, "profile")
             session = ort.InferenceSession(self._model, options, providers=self._session.get_providers())
             feeds = dict(zip(self._inputs, inputs))
-            for _ in range(runs + 1):
+            for _ in range(runs + WARMUP_RUNS):
                 session.run(self._outputs, feeds)
             with open(session.end_profiling()) as handle:
                 events = json.load(handle)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         return {"source": "onnxruntime profiler (SessionOptions.enable_profiling)", "runs": runs,
-                "ops": node_times(events, skip_runs=1)}
+                "ops": node_times(events, skip_runs=WARMUP_RUNS)}
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -91,24 +93,26 @@ class OnnxRuntimeExecutor:
 
 
 def node_times(events: List[Dict[str, Any]], skip_runs: int) -> List[Dict[str, Any]]:
-    """Kernel time per node from an onnxruntime profile, leaving out the first `skip_runs` runs (warm-up).
+    """Each node's median kernel time per run in an onnxruntime profile, leaving out the first `skip_runs` runs.
 
     Each node has `_fence_before`, `_kernel_time` and `_fence_after` events; only the kernel time is the node's.
     A node event belongs to the `model_run` session event whose time span holds it.
     """
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session"
-                  and e.get("name") == "model_run")
-    counted = runs[skip_runs:]
-    totals = {}  # type: Dict[str, Dict[str, Any]]
+                  and e.get("name") == "model_run")[skip_runs:]
+    per_run = [{} for _ in runs]  # type: List[Dict[str, float]]
+    calls = [{} for _ in runs]  # type: List[Dict[str, int]]
+    types = {}  # type: Dict[str, str]
     for event in events:
         name = event.get("name", "")
         if event.get("cat") != "Node" or not name.endswith("_kernel_time"):
             continue
-        if not any(start <= event["ts"] <= end for start, end in counted):
+        run = next((i for i, (start, end) in enumerate(runs) if start <= event["ts"] <= end), None)
+        if run is None:
             continue
         node = name[:-len("_kernel_time")]
-        record = totals.setdefault(node, {"name": node, "type": event.get("args", {}).get("op_name", "?"),
-                                          "ms": 0.0, "calls": 0})
-        record["ms"] += event["dur"] / 1000.0
-        record["calls"] += 1
-    return list(totals.values())
+        types.setdefault(node, event.get("args", {}).get("op_name", "?"))
+        per_run[run][node] = per_run[run].get(node, 0.0) + event["dur"] / 1000.0
+        calls[run][node] = calls[run].get(node, 0) + 1
+    return [{"name": node, "type": kind, "ms": float(np.median([times.get(node, 0.0) for times in per_run])),
+             "calls": max(counts.get(node, 0) for counts in calls)} for node, kind in types.items()]

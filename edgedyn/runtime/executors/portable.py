@@ -82,19 +82,19 @@ class PortableExecutor:
         return [np.array(output, order="C") for output in self.outputs]
 
     def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
-        """Times each step over `runs` calls (see edgedyn/runtime/bench.py for the report it feeds)."""
+        """Each step's median time over `runs` calls (see edgedyn/runtime/bench.py for the report it feeds)."""
         for target, array in zip(self.inputs, inputs):
             np.copyto(target, array, casting="same_kind")
-        totals = [0.0] * len(self.steps)
+        samples = [[] for _ in self.steps]  # type: List[List[float]]
         clock = time.perf_counter
         with np.errstate(over="ignore", under="ignore"):
             for _ in range(runs):
                 for index, step in enumerate(self.steps):
                     started = clock()
                     step()
-                    totals[index] += clock() - started
-        ops = [{"name": record["name"], "type": record["op"], "ms": total * 1000.0, "calls": runs,
-                "bytes": self._bytes_touched(record)} for record, total in zip(self.graph["steps"], totals)]
+                    samples[index].append(clock() - started)
+        ops = [{"name": record["name"], "type": record["op"], "ms": float(np.median(times)) * 1000.0, "calls": 1,
+                "bytes": self._bytes_touched(record)} for record, times in zip(self.graph["steps"], samples)]
         return {"source": "portable executor timers (perf_counter around each kernel call)", "runs": runs,
                 "ops": ops}
 

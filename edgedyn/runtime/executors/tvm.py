@@ -61,7 +61,7 @@ class TvmExecutor:
         return [item.numpy() for item in _flatten(result)]
 
     def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
-        """Time per VM call over `runs` calls: each kernel replayed `runs` times where it ran, each VM builtin timed.
+        """Time per VM call: each kernel's median over `runs` replays where it ran; each VM builtin as it ran once.
 
         TVM 0.27's Relax VM has no `profile()` any more (nor the profiler executable behind it); its instrument hook
         calls back before and after every Call instruction. Timing kernels across that hook measures the hook too:
@@ -82,15 +82,17 @@ class TvmExecutor:
                 return 0
             elapsed = clock() - started.pop()
             if symbol.startswith("vm.builtin."):
-                _add(totals, symbol, elapsed * runs, runs)
+                _add(totals, symbol, elapsed)
                 return 0
             func(*call_args)
             self._device.sync()
-            before = clock()
+            times = []
             for _ in range(runs):
+                before = clock()
                 func(*call_args)
-            self._device.sync()
-            _add(totals, symbol, clock() - before, runs)
+                self._device.sync()
+                times.append(clock() - before)
+            _add(totals, symbol, float(np.median(times)))
             return 0
 
         self._vm.set_instrument(instrument)
@@ -120,10 +122,11 @@ def _flatten(result: Any) -> List[Any]:
     return items
 
 
-def _add(totals: Dict[str, Dict[str, Any]], symbol: str, seconds: float, calls: int) -> None:
+def _add(totals: Dict[str, Dict[str, Any]], symbol: str, seconds: float) -> None:
+    """One call of `symbol` in the profiled run: copies of one builtin add up into one row."""
     record = totals.setdefault(symbol, {"name": symbol, "type": _op_type(symbol), "ms": 0.0, "calls": 0})
     record["ms"] += seconds * 1000.0
-    record["calls"] += calls
+    record["calls"] += 1
 
 
 def _op_type(symbol: str) -> str:
