@@ -191,3 +191,10 @@ def test_the_arena_picture_says_whose_memory_it_is(run_cli, export_example, tmp_
 def test_docs_agree_that_tflite_has_int8():
     tflite = (REPO / "docs" / "tflite.md").read_text()
     assert "No int8" not in tflite and "--quantize int8" in tflite
+
+
+def test_the_cli_needs_no_click_of_its_own():
+    """Typer 0.29 vendors Click and does not install it: importing click directly broke a fresh install."""
+    code = "import sys; sys.modules['click'] = None; import edgedyn.cli.main"
+    result = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -100,10 +100,11 @@ def test_readme_first_command_in_a_fresh_bookworm_rootfs(tmp_path):
     for folder in _pip_folders():
         (root / folder.lstrip("/")).mkdir(parents=True, exist_ok=True)
         mounts.append("mount --bind -o ro {} {}{}".format(folder, root, folder))
-    pip_environment = " ".join("{}='{}'".format(k, v) for k, v in os.environ.items() if k.startswith("PIP_"))
-    inside = "cd /root/edgedyn && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root {} bash -c '{}'".format(
-        pip_environment, readme_command(1).replace("'", "'\\''"))
-    script = " && ".join(mounts + ["chroot {} /bin/sh -c \"{}\"".format(root, inside.replace('"', '\\"'))])
+    pip_environment = "".join("export {}='{}'\n".format(k, v) for k, v in os.environ.items() if k.startswith("PIP_"))
+    (root / "root" / "readme.sh").write_text(
+        "set -e\ncd /root/edgedyn\nexport PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root\n{}{}\n".format(
+            pip_environment, readme_command(1)))
+    script = " && ".join(mounts + ["chroot {} env -i /bin/bash /root/readme.sh".format(root)])
     result = subprocess.run(["unshare", "--mount", "--fork", "sh", "-c", script], capture_output=True, text=True,
                             timeout=3600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]

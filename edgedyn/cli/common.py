@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional
 
-import click
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
@@ -55,7 +54,7 @@ def json_args(args: List[str]) -> List[str]:
 class JsonArgsGroup(TyperGroup):
     """The top-level command group: applies json_args() before Click parses anything."""
 
-    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+    def parse_args(self, ctx: Any, args: List[str]) -> List[str]:  # ctx: Typer's own (vendored) Click context
         return super().parse_args(ctx, json_args(args))
 
 
