@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,19 +69,25 @@ def test_readme_first_command_with_debians_own_python(tmp_path):
 # it: install.sh installs its apt packages and python3-venv there, makes .venv and installs edgedyn into it.
 # pip inside reads this machine's pip configuration and local wheel folders (FACTS.md: without them the index's
 # torch==2.13.0 is the multi-GB CUDA build), bind-mounted read-only; needs root (mount, chroot) and the network.
-PIP_FILES = ("/etc/pip.conf", "/etc/xdg/pip/pip.conf", "/etc/xdg/pip/constraints.txt")
+def _pip_files() -> list:
+    """This machine's pip configuration files, and the CA bundle they name (a TLS-intercepting proxy's root may be
+    in it, which Debian's own ca-certificates lacks)."""
+    debug = subprocess.run([sys.executable, "-m", "pip", "config", "debug"], capture_output=True, text=True).stdout
+    files = re.findall(r"^\s+(/\S+), exists: True$", debug, re.M)
+    for text in [Path(f).read_text() for f in files] + [os.environ.get("PIP_CERT", "")]:
+        files += re.findall(r"(?:cert\s*=\s*)?(/\S+\.(?:crt|pem|txt))", text)
+    return sorted({f for f in files if Path(f).is_file()})
 
 
-def _pip_folders() -> list:
+def _pip_folders(files: list) -> list:
     """The local folders pip here reads (find-links, file:// indexes), from its environment and config files."""
     text = " ".join([os.environ.get("PIP_FIND_LINKS", ""), os.environ.get("PIP_EXTRA_INDEX_URL", "")] +
-                    [Path(f).read_text() for f in PIP_FILES if Path(f).is_file()])
+                    [Path(f).read_text() for f in files if f.endswith(".conf")])
     folders = set()
     for word in re.split(r"[\s=]+", text):
         path = word[len("file://"):] if word.startswith("file://") else word
         if path.startswith("/opt/") or path.startswith("/srv/"):
-            parts = Path(path).parts
-            folders.add(str(Path(*parts[:3])))  # /opt/pypi/simple -> /opt/pypi
+            folders.add(str(Path(*Path(path).parts[:3])))  # /opt/pypi/simple -> /opt/pypi
     return sorted(f for f in folders if Path(f).is_dir())
 
 
@@ -92,12 +99,13 @@ def test_readme_first_command_in_a_fresh_bookworm_rootfs(tmp_path):
                     str(root)], check=True, timeout=1200)
     checkout = root / "root" / "edgedyn"
     _copy_checkout(checkout)
-    for name in PIP_FILES + ("/etc/resolv.conf",):
+    pip_files = _pip_files()
+    for name in pip_files + ["/etc/resolv.conf"]:
         if Path(name).is_file():
             (root / name.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(name, str(root / name.lstrip("/")))
     mounts = ["mount --bind /dev {0}/dev".format(root), "mount -t proc proc {0}/proc".format(root)]
-    for folder in _pip_folders():
+    for folder in _pip_folders(pip_files):
         (root / folder.lstrip("/")).mkdir(parents=True, exist_ok=True)
         mounts.append("mount --bind -o ro {} {}{}".format(folder, root, folder))
     pip_environment = "".join("export {}='{}'\n".format(k, v) for k, v in os.environ.items() if k.startswith("PIP_"))
