@@ -113,8 +113,9 @@ def test_readme_first_command_in_a_fresh_bookworm_rootfs(tmp_path):
         "set -e\ncd /root/edgedyn\nexport PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root\n{}{}\n".format(
             pip_environment, readme_command(1)))
     script = " && ".join(mounts + ["chroot {} env -i /bin/bash /root/readme.sh".format(root)])
-    result = subprocess.run(["unshare", "--mount", "--fork", "sh", "-c", script], capture_output=True, text=True,
-                            timeout=3600)
+    # A private mount namespace: the bind mounts vanish with it, before anything deletes the root filesystem.
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script],
+                            capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "making a virtual environment in .venv" in result.stderr
     assert "apt-get install" in result.stderr and "python3-venv" in result.stderr
