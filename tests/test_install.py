@@ -4,8 +4,10 @@ Debian 12's /usr/bin/python3 is externally managed (PEP 668): pip refuses to ins
 make a virtual environment and say where `edgedyn` landed. This copies the checkout, runs the README's first
 command there exactly as written with PYTHON=/usr/bin/python3, and checks the bundle it made.
 
-Marked slow_install and deselected by default (pyproject addopts): it installs every extra into a fresh virtual
-environment, about 4 minutes and 1.6 GB on a 2-core machine. Run it with `python3 -m pytest -m slow_install`.
+Marked slow_install and deselected by default (pyproject addopts): each test installs every extra into a fresh
+virtual environment. Measured on a shared 2-core machine: 4 min (1.6 GB) for the Debian-python test, 7 min (3.0 GB
+with the root filesystem and its apt packages) for the bookworm one. Run them with
+`python3 -m pytest -m slow_install tests/test_install.py`.
 """
 import os
 import re
