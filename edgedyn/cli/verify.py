@@ -1,4 +1,6 @@
 """`edgedyn verify`: on the board, run the bundle's reference inputs and compare with torch eager's outputs."""
+import contextlib
+import io
 from pathlib import Path
 from typing import Optional
 
@@ -6,7 +8,7 @@ import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import JsonOption, emit_json, err, out
+from edgedyn.cli.common import STDOUT, JsonOption, emit_json, err, out
 
 
 def verify_command(
@@ -26,7 +28,15 @@ def verify_command(
     if emulate:
         from edgedyn.emulate import verify_emulated
 
-        raise typer.Exit(verify_emulated(bundle, json_=json_, threads=threads, device=device))
+        if json_ in (None, STDOUT):
+            raise typer.Exit(verify_emulated(bundle, json_=json_ is not None, threads=threads, device=device))
+        # --json PATH: the board's JSON report (it prints no table then) goes into the file.
+        report_text = io.StringIO()
+        with contextlib.redirect_stdout(report_text):
+            status = verify_emulated(bundle, json_=True, threads=threads, device=device)
+        Path(json_).write_text(report_text.getvalue())
+        err.print("wrote {}".format(json_))
+        raise typer.Exit(status)
     program = rt.load(bundle, threads=threads, device=device)
     for spec in program.specializations:
         err.print("using {}".format(spec.selection()))
