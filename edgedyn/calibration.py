@@ -5,9 +5,11 @@ sample), an .npz (one array per input, the samples stacked along dim 0), `path.p
 iterable of input tuples), or the word `random`. Samples are tuples of arrays in the order of the model's tensor
 inputs. Each specialization gets batches of exactly its input shapes: samples that already have them are used as
 they are; otherwise the samples are concatenated along dim 0 and cut again to the specialization's batch size (so
-the same 1x64 samples calibrate both x=1x64 and x=8x64).
+the same 1x64 samples calibrate both x=1x64 and x=8x64). An .npz names its arrays: they are matched to the
+inputs by name (`x` or `input.x`), never by position.
 """
 import importlib.util
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
@@ -16,6 +18,7 @@ import numpy as np
 
 from edgedyn.errors import EdgedynError
 
+log = logging.getLogger("edgedyn")
 RANDOM = "random"
 RANDOM_SAMPLES = 32
 Sample = Tuple[np.ndarray, ...]
@@ -23,6 +26,8 @@ Sample = Tuple[np.ndarray, ...]
 RANDOM_REFUSED = (
     "--quantize {mode} needs calibration data: int8 scales are the ranges activations take on real inputs, and "
     "random inputs give meaningless scales (the accuracy numbers would describe noise, not your data)")
+RANDOM_WARNING = ("warning: --calibration random: int8 scales from random normal inputs, not from your data; the "
+                  "accuracy numbers describe noise (use it for smoke tests only)")
 RANDOM_HINT = ("pass --calibration DIR (a folder of .npy files), FILE.npz or path.py:fn returning input tuples; "
                "--calibration random accepts random normal inputs anyway (for smoke tests only)")
 
@@ -34,6 +39,7 @@ class Samples:
     source: str
     samples: Tuple[Sample, ...] = ()
     random: bool = False
+    names: Tuple[str, ...] = ()  # the input each array of a sample is for, when the source names them (.npz)
 
     def __post_init__(self) -> None:
         if not self.random and not self.samples:
@@ -46,6 +52,7 @@ def load(source: Any, what: str = "--calibration") -> Samples:
     if isinstance(source, Samples):
         return source
     if isinstance(source, str) and source == RANDOM:
+        log.warning(RANDOM_WARNING)
         return Samples(source=RANDOM, random=True)
     if not isinstance(source, (str, Path)):
         return Samples(source="<iterable>", samples=tuple(_as_sample(s) for s in source))
@@ -59,8 +66,9 @@ def load(source: Any, what: str = "--calibration") -> Samples:
         return Samples(source=text, samples=_folder(path, what))
     if path.suffix == ".npz":
         with np.load(str(path), allow_pickle=False) as data:
+            names = tuple(key[len("input."):] if key.startswith("input.") else key for key in data.files)
             arrays = [data[key] for key in data.files]
-        return Samples(source=text, samples=tuple(zip(*[list(a) for a in arrays])) if arrays else ())
+        return Samples(source=text, samples=tuple(zip(*[list(a) for a in arrays])) if arrays else (), names=names)
     if path.suffix == ".npy":
         return Samples(source=text, samples=tuple((a,) for a in np.load(str(path), allow_pickle=False)))
     raise EdgedynError("{} {}: expected a folder of .npy files, an .npz, or path.py:fn".format(what, text),
@@ -105,13 +113,37 @@ def split(samples: Samples, held_out: float = 0.2) -> Tuple[Samples, Samples]:
     held = max(1, int(round(count * held_out))) if count > 1 else 0
     calibrate = samples.samples[:count - held] if held else samples.samples
     evaluate = samples.samples[count - held:] if held else samples.samples
-    return (Samples(source=samples.source, samples=calibrate),
-            Samples(source=samples.source + " (held out)" if held else samples.source, samples=evaluate))
+    return (Samples(source=samples.source, samples=calibrate, names=samples.names),
+            Samples(source=samples.source + " (held out)" if held else samples.source, samples=evaluate,
+                    names=samples.names))
+
+
+def by_name(samples: Samples, names: Sequence[str]) -> Samples:
+    """The samples with their arrays in the order of `names` when the source named them; refuses other names."""
+    if samples.random or not samples.names:
+        return samples
+    given = list(samples.names)
+    unknown = [name for name in given if name not in names]
+    missing = [name for name in names if name not in given]
+    if unknown or missing:
+        found = "has no array for {}".format(", ".join(missing)) if missing else ""
+        if unknown:
+            found = "; ".join(part for part in ("has array(s) {} that name no input".format(", ".join(unknown)),
+                                                found) if part)
+        raise EdgedynError("{} {}; the model's tensor inputs are: {}".format(samples.source, found, ", ".join(names)),
+                           hint="save one array per input under its name: numpy.savez(path, {})".format(
+                               ", ".join("{}=...".format(name) for name in names)))
+    order = [given.index(name) for name in names]
+    return Samples(source=samples.source, samples=tuple(tuple(sample[i] for i in order) for sample in samples.samples),
+                   names=tuple(names))
 
 
 def batches(samples: Samples, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
-            seed: int = 0, count: Optional[int] = None) -> List[List[np.ndarray]]:
-    """Input lists of exactly `shapes` for one specialization (see the module docstring)."""
+            seed: int = 0, count: Optional[int] = None, names: Optional[Sequence[str]] = None) -> List[List[np.ndarray]]:
+    """Input lists of exactly `shapes` for one specialization (see the module docstring); `names` are its tensor
+    inputs, which a source that names its arrays is matched against."""
+    if names is not None:
+        samples = by_name(samples, names)
     if samples.random:
         rng = np.random.default_rng(seed)
         return [[rng.standard_normal(tuple(s)).astype(d) for s, d in zip(shapes, dtypes)]

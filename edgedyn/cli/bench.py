@@ -1,14 +1,15 @@
 """`edgedyn bench`: on the board, time a bundle and print a performance summary like trtexec's."""
 import contextlib
-import json
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import err, human_bytes, out, output_file
+from edgedyn.cli.common import STDOUT, JsonOption, emit_json, err, human_bytes, out, output_file
+
+TOP_OPS = 10  # rows of "Top by computation time", as benchmark_model prints
 
 
 def bench_command(
@@ -25,8 +26,11 @@ def bench_command(
         help="An .npz with one array per input name (default: the bundle's reference inputs).")] = None,
     random_inputs: Annotated[bool, typer.Option(
         "--random-inputs", help="Time fresh random data of the guarded shapes and dtypes instead.")] = False,
-    json_path: Annotated[Optional[Path], typer.Option(
-        "--json", help="Also write the full report as JSON to this file ('-' for stdout, without the table).")] = None,
+    json_path: JsonOption = None,
+    profile: Annotated[bool, typer.Option("--profile", help="Also time each operator (the executor's profiler) and "
+                                                            "print where the time goes; in --json under 'ops'.")]
+    = False,
+    profile_runs: Annotated[int, typer.Option(help="Calls to profile with --profile.")] = 20,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
     emulate: Annotated[bool, typer.Option("--emulate", help="Run it on an emulated board of the bundle's kind "
@@ -36,12 +40,12 @@ def bench_command(
     """Time a bundle's inference: latency percentiles, throughput, init time, peak memory, guard overhead."""
     from edgedyn.runtime.bench import BenchConfig, run_benchmark
 
-    if json_path is not None and str(json_path) != "-":
-        output_file(json_path, "--json")
+    if json_path is not None and json_path != STDOUT:
+        output_file(Path(json_path), "--json")  # refused before the benchmark runs, not after
     config = BenchConfig(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
                          threads=threads, specialization=specialization,
                          inputs=str(inputs) if inputs is not None else None, random_inputs=random_inputs,
-                         device=device)
+                         device=device, profile_runs=profile_runs if profile else 0)
     if emulate:
         from edgedyn.emulate import bench_emulated
 
@@ -52,13 +56,57 @@ def bench_command(
     err.print("using {}".format(report["selection"]))
     for warning in report["warnings"]:
         err.print("warning: {}".format(warning))
-    if json_path is not None and str(json_path) == "-":
-        out.file.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    if emit_json(report, json_path):
         return
     out.print(summary_table(report))
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-        err.print("wrote {}".format(json_path))
+    if "ops" in report:
+        for table in profile_tables(report["ops"]):
+            out.print(table)
+        out.print(profile_footer(report["ops"]))
+
+
+def profile_tables(ops: Dict[str, Any]) -> List[Table]:
+    """benchmark_model's three views: every operator by time, the top ones, and the sum per op type."""
+    with_bytes = any(node["bytes"] is not None for node in ops["nodes"])
+    per_run = "avg ms (of {} runs)".format(ops["runs"])
+    columns = ["op", "type", "count", per_run, "%", "cdf %"] + (["bytes touched"] if with_bytes else [])
+    tables = []
+    for title, nodes in (("Operators by time", ops["nodes"]), ("Top by computation time", ops["nodes"][:TOP_OPS])):
+        table = _profile_table(title, columns)
+        for node in nodes:
+            table.add_row(*[node["name"], node["type"], "{:g}".format(node["count"])] + _numbers(node, with_bytes))
+        tables.append(table)
+    table = _profile_table("Summary by op type", ["type", "count", per_run, "%", "cdf %"] +
+                           (["bytes touched"] if with_bytes else []))
+    for entry in ops["by_type"]:
+        table.add_row(*[entry["type"], str(entry["count"])] + _numbers(entry, with_bytes))
+    tables.append(table)
+    return tables
+
+
+def _profile_table(title: str, columns: List[str]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("op", "type") else "right", overflow="fold")
+    return table
+
+
+def _numbers(row: Dict[str, Any], with_bytes: bool) -> List[str]:
+    cells = ["{:.4f}".format(row["ms"]), "{:.1f}".format(row["percent"]), "{:.1f}".format(row["cumulative_percent"])]
+    if with_bytes:
+        cells.append(human_bytes(row["bytes"]) if row["bytes"] is not None else "-")
+    return cells
+
+
+def profile_footer(ops: Dict[str, Any]) -> str:
+    lines = ["operators add up to {:.3f} ms per run, {:.0%} of the median latency {:.3f} ms ({})".format(
+        ops["total_ms"], ops["total_of_median"], ops["median_latency_ms"], ops["source"])]
+    if "graph_ops" in ops:
+        lines.append("operators in the graph: " + ", ".join(
+            "{} x{}".format(name, count) for name, count in sorted(ops["graph_ops"].items())))
+    if "note" in ops:
+        lines.append("note: " + ops["note"])
+    return "\n".join(lines)
 
 
 def summary_table(report: Dict[str, Any]) -> Table:

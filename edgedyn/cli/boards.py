@@ -10,6 +10,7 @@ from rich.text import Text
 from typing_extensions import Annotated
 
 from edgedyn.boards import Board, list_boards, load_board
+from edgedyn.cli.common import JsonOption, emit_json
 
 
 app = typer.Typer(
@@ -18,32 +19,27 @@ app = typer.Typer(
     add_completion=False,
 )
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @app.callback()
-def boards(ctx: typer.Context, as_json: JsonOption = False) -> None:
+def boards(ctx: typer.Context, as_json: JsonOption = None) -> None:
     """List the boards edgedyn can target."""
     if ctx.invoked_subcommand is not None:
         return
     found = list_boards()
-    if as_json:
-        _print_json([board.to_dict() for board in found])
-    else:
+    if not emit_json([board.to_dict() for board in found], as_json):
         _stdout().print(_boards_table(found))
 
 
 @app.command()
 def show(
     board: Annotated[str, typer.Argument(help="A board name (see `edgedyn boards`) or the path to a board .toml.")],
-    as_json: JsonOption = False,
+    as_json: JsonOption = None,
 ) -> None:
     """Everything edgedyn knows about one board, with its compile targets and notes."""
     found = load_board(board)
-    if as_json:
-        targets = {device: target.to_dict() for device, target in found.targets().items()}
-        _print_json({"board": found.to_dict(), "targets": targets})
-    else:
+    targets = {device: target.to_dict() for device, target in found.targets().items()}
+    if not emit_json({"board": found.to_dict(), "targets": targets}, as_json):
         typer.echo("\n".join(_describe(found)))
 
 
@@ -53,10 +49,6 @@ def _stdout() -> Console:
         # Piped output keeps one board per line rather than wrapping at 80 columns.
         console.width = max(console.width, 200)
     return console
-
-
-def _print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2))
 
 
 def _gb(mb: int) -> str:

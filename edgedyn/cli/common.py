@@ -2,10 +2,14 @@
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
+import typer
 from rich.console import Console
+from typer.core import TyperGroup
+from typing_extensions import Annotated
 
 # Data goes to stdout; progress, warnings and errors to stderr (so `edgedyn inspect --json > x.json` stays clean).
 # Markup is off: model names and shapes like [1x3] are printed as given. Off a terminal, tables get room to breathe.
@@ -24,16 +28,65 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
 
 
+# Note: `--json [PATH]` means the same on every reporting command: alone (or `--json -`), the JSON report on
+# stdout instead of the table; with a path, the table as usual and the report written to PATH. Click has no
+# option with an optional value that Typer passes on, and a bare `--json` followed by the bundle would swallow it
+# as PATH: so the command group rewrites the arguments first (JsonArgsGroup), reading `--json X` as a path only
+# when X ends in .json (`--json=PATH` for any other name).
+STDOUT = "-"
+JsonOption = Annotated[Optional[str], typer.Option(
+    "--json", metavar="[PATH]",
+    help="The report as JSON: on stdout instead of the table, or into PATH (a name ending in .json, or "
+         "--json=PATH) beside the table.")]
+
+
+def json_args(args: List[str]) -> List[str]:
+    """`--json` not followed by a .json path (or '-') becomes `--json=-`, so it never eats the next argument."""
+    fixed = []
+    for index, arg in enumerate(args):
+        following = args[index + 1] if index + 1 < len(args) else None
+        if arg == "--json" and (following is None or not (following == STDOUT or following.endswith(".json"))):
+            arg = "--json=" + STDOUT
+        fixed.append(arg)
+    return fixed
+
+
+class JsonArgsGroup(TyperGroup):
+    """The top-level command group: applies json_args() before Click parses anything."""
+
+    def parse_args(self, ctx: Any, args: List[str]) -> List[str]:  # ctx: Typer's own (vendored) Click context
+        return super().parse_args(ctx, json_args(args))
+
+
+def emit_json(value: Any, path: Optional[str]) -> bool:
+    """Writes the report where --json said; True when it went to stdout (then the table must not)."""
+    if path is None:
+        return False
+    if path == STDOUT:
+        print_json(value)
+        return True
+    output_file(Path(path), "--json")
+    Path(path).write_text(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+    err.print("wrote {}".format(path))
+    return False
+
+
 @contextlib.contextmanager
 def progress(title: str) -> Iterator[Callable[[str], None]]:
-    """Yields a callback that shows the current step: a live spinner on a terminal, plain lines elsewhere."""
+    """Yields a callback that shows the current step with the seconds since the start: a line per step (under a
+    live spinner on a terminal). Plain prints, not Console.log, which would end every line in this file's name."""
+    started = time.monotonic()
+
+    def line(message: str) -> str:
+        return "{}: {} ({:.1f} s)".format(title, message, time.monotonic() - started)
+
     if not err.is_terminal:
-        yield lambda message: err.print("{}: {}".format(title, message))
+        yield lambda message: err.print(line(message))
         return
     with err.status(title) as status:
         def update(message: str) -> None:
             status.update("{}: {}".format(title, message))
-            err.log(message)
+            err.print(line(message))
         yield update
 
 

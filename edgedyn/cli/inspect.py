@@ -6,12 +6,12 @@ import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import human_bytes, out, output_folder, print_json
+from edgedyn.cli.common import JsonOption, emit_json, human_bytes, out, output_folder
 
 
 def inspect_command(
     bundle: Annotated[Path, typer.Argument(help="The .edgedyn bundle to describe.")],
-    json_: Annotated[bool, typer.Option("--json", help="Print the manifest and sizes as JSON.")] = False,
+    json_: JsonOption = None,
     memory: Annotated[bool, typer.Option("--memory", help="Print each specialization's memory plan and draw it "
                                                            "(arena over time) into BUNDLE.memory-N.svg.")] = False,
     picture_dir: Annotated[Optional[Path], typer.Option("--picture-dir", help="Folder for the --memory pictures "
@@ -32,9 +32,8 @@ def inspect_command(
         show_memory(opened, picture_dir or Path.cwd())
         return
     here = {spec["name"]: _here(spec) for spec in manifest["specializations"]}
-    if json_:
-        print_json(dict(manifest, bundle={"path": str(bundle), "sha256": opened.sha256,
-                                          "size": bundle.stat().st_size}, this_machine=here))
+    if emit_json(dict(manifest, bundle={"path": str(bundle), "sha256": opened.sha256, "size": bundle.stat().st_size},
+                      this_machine=here), json_):
         return
     board = manifest["board"]
     out.print("{}  {}".format(bundle.name, human_bytes(bundle.stat().st_size)), style="bold")

@@ -22,14 +22,16 @@ def show_memory(bundle: Any, directory: Path) -> List[Path]:
     table = Table(title="memory plan of {}".format(bundle.path.name), box=None, pad_edge=False)
     for column in ("specialization", "plan of", "tensors", "in place", "naive", "arena", "lower bound",
                    "arena/bound", "arena/naive", "peak at"):
-        table.add_column(column, justify="left" if column in ("specialization", "plan of", "peak at") else "right")
+        table.add_column(column, justify="left" if column in ("specialization", "plan of", "peak at") else "right",
+                         no_wrap=column == "plan of")
     written = []
     for index, spec in enumerate(bundle.manifest["specializations"]):
         memory = spec.get("memory")
         if not memory:
             err.print("{}: no memory plan recorded (bundle made before edgedyn recorded one)".format(spec["name"]))
             continue
-        table.add_row(spec["name"], memory.get("source", "graph"), str(memory["tensors"]), str(memory["inplace"]),
+        label = plan_label(spec)
+        table.add_row(spec["name"], label, str(memory["tensors"]), str(memory["inplace"]),
                       human_bytes(memory["naive_bytes"]), human_bytes(memory["arena_bytes"]),
                       human_bytes(memory["lower_bound_bytes"]),
                       _ratio(memory["arena_bytes"], memory["lower_bound_bytes"]),
@@ -37,7 +39,7 @@ def show_memory(bundle: Any, directory: Path) -> List[Path]:
                       "step {} ({})".format(memory["peak_step"], str(memory.get("peak_op", "")).replace("aten.", "")))
         plan = json.loads(bundle.read(memory["plan"]).decode("utf-8"))
         path = directory / "{}.memory-{}.svg".format(bundle.path.name.rsplit(".", 1)[0], index)
-        path.write_text(render_svg(plan, "{} {}".format(bundle.manifest["model"]["name"], spec["name"])))
+        path.write_text(render_svg(plan, "{} {}".format(bundle.manifest["model"]["name"], spec["name"]), label))
         written.append(path)
     out.print(table)
     fit = bundle.manifest.get("fit")
@@ -49,11 +51,21 @@ def show_memory(bundle: Any, directory: Path) -> List[Path]:
     return written
 
 
+def plan_label(spec: Dict[str, Any]) -> str:
+    """Whose arena the plan is: the executor's own (portable runs in it), or only the graph's plan, which backends
+    that allocate their own memory (onnxruntime, LiteRT, TVM) never use."""
+    source = spec["memory"].get("source", "graph")
+    if source == "graph":
+        executors = sorted({artifact["executor"] for artifact in spec["artifacts"]})
+        return "planned, not used by {}".format(", ".join(executors))
+    return "used by the {} executor".format(source)
+
+
 def _ratio(a: int, b: int) -> str:
     return "{:.2f}".format(a / b) if b else "-"
 
 
-def render_svg(plan: Dict[str, Any], title: str) -> str:
+def render_svg(plan: Dict[str, Any], title: str, label: str = "arena") -> str:
     """The arena over time: a rectangle per tensor (x = steps live, y = offset), the lower bound as a line."""
     steps = max(plan["steps"], 1)
     arena = max(plan["arena_bytes"], 1)
@@ -63,8 +75,8 @@ def render_svg(plan: Dict[str, Any], title: str) -> str:
         '<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" viewBox="0 0 {} {}" '
         'font-family="sans-serif" font-size="12">'.format(WIDTH, HEIGHT, WIDTH, HEIGHT),
         '<rect x="0" y="0" width="{}" height="{}" fill="white"/>'.format(WIDTH, HEIGHT),
-        '<text x="{}" y="24" font-size="15">{}: arena {} (lower bound {}, naive {})</text>'.format(
-            MARGIN, escape(title), human_bytes(plan["arena_bytes"]), human_bytes(plan["lower_bound_bytes"]),
+        '<text x="{}" y="24" font-size="15">{}: arena {}, {} (lower bound {}, naive {})</text>'.format(
+            MARGIN, escape(title), human_bytes(plan["arena_bytes"]), escape(label), human_bytes(plan["lower_bound_bytes"]),
             human_bytes(plan["naive_bytes"])),
         '<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#888"/>'.format(
             MARGIN, MARGIN, WIDTH - 2 * MARGIN, HEIGHT - 2 * MARGIN),

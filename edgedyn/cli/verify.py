@@ -1,4 +1,6 @@
 """`edgedyn verify`: on the board, run the bundle's reference inputs and compare with torch eager's outputs."""
+import contextlib
+import io
 from pathlib import Path
 from typing import List, Optional
 
@@ -6,12 +8,13 @@ import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import err, out, print_json
+from edgedyn.cli.common import STDOUT, JsonOption, emit_json, err, out, output_file
+from edgedyn.errors import EdgedynError
 
 
 def verify_command(
     bundle: Annotated[Path, typer.Argument(help="The .edgedyn bundle to check.")],
-    json_: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    json_: JsonOption = None,
     threads: Annotated[Optional[int], typer.Option(help="Threads for the executor.")] = None,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
@@ -29,7 +32,21 @@ def verify_command(
     if emulate:
         from edgedyn.emulate import verify_emulated
 
-        raise typer.Exit(verify_emulated(bundle, json_=json_, threads=threads, device=device))
+        if trusted_keys:
+            raise EdgedynError("--trusted-keys is checked by the runtime that opens the bundle, and --emulate does "
+                               "not pass keys to the emulated board yet",
+                               hint="verify the signature here first (edgedyn verify BUNDLE --trusted-keys KEY.pub "
+                                    "on a machine of the bundle's architecture), or drop one of the two options")
+        if json_ in (None, STDOUT):
+            raise typer.Exit(verify_emulated(bundle, json_=json_ is not None, threads=threads, device=device))
+        # --json PATH: the board's JSON report (it prints no table then) goes into the file.
+        output_file(Path(json_), "--json")
+        report_text = io.StringIO()
+        with contextlib.redirect_stdout(report_text):
+            status = verify_emulated(bundle, json_=True, threads=threads, device=device)
+        Path(json_).write_text(report_text.getvalue())
+        err.print("wrote {}".format(json_))
+        raise typer.Exit(status)
     program = rt.load(bundle, threads=threads, device=device, trusted_keys=trusted_keys or None)
     if program.bundle.signed_by:
         err.print("signature ok: signed by trusted key {}...".format(program.bundle.signed_by[:16]))
@@ -37,10 +54,9 @@ def verify_command(
         err.print("using {}".format(spec.selection()))
     results = program.verify()
     failed = [r for r in results if not r["ok"]]
-    if json_:
-        print_json({"bundle": str(bundle), "ok": not failed, "arch": host_arch(), "results": results,
-                    "selection": {s.name: {"artifact": s.artifact, "skipped": s.skipped} for s in program.specializations}})
-    else:
+    report = {"bundle": str(bundle), "ok": not failed, "arch": host_arch(), "results": results,
+              "selection": {s.name: {"artifact": s.artifact, "skipped": s.skipped} for s in program.specializations}}
+    if not emit_json(report, json_):
         table = Table(title="verify {}".format(bundle.name))
         for column in ("specialization", "output", "artifact", "max abs err", "max rel err", "tolerance", "result"):
             table.add_column(column)

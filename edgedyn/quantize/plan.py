@@ -28,14 +28,15 @@ class Plan:
         """The backend's input for one specialization: calibration batches of its shapes."""
         batches = []  # type: List[List[np.ndarray]]
         if self.mode == "int8" and self.calibration is not None:
-            batches = calibration_data.batches(self.calibration, *_shapes(spec))
+            batches = calibration_data.batches(self.calibration, *_shapes(spec), names=spec.tensor_inputs)
         return Quantization(mode=self.mode, calibration=batches,
                             source=self.calibration.source if self.calibration else "")
 
     def evaluation_batches(self, spec: Any) -> Tuple[List[List[np.ndarray]], str]:
         if self.evaluation is None:  # int8-weights without data: the example inputs are all there is
             return [[t.numpy() for t in spec.example_tensors]], "the example inputs"
-        return calibration_data.batches(self.evaluation, *_shapes(spec), seed=1), self.evaluation.source
+        return (calibration_data.batches(self.evaluation, *_shapes(spec), seed=1, names=spec.tensor_inputs),
+                self.evaluation.source)
 
 
 def plan(mode: Optional[str], backend: str, device: str, calibration: Any = None, eval_inputs: Any = None,

@@ -163,6 +163,7 @@ class BenchConfig:
     random_inputs: bool = False
     device: str = "auto"  # auto: the GPU artifact when this machine can run it; or cpu, gpu
     seed: int = 0
+    profile_runs: int = 0  # > 0: also profile per operator over this many calls (report["ops"])
     rule: StopRule = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -173,6 +174,8 @@ class BenchConfig:
                                hint="leave --threads out to let the backend choose")
         if self.inputs is not None and self.random_inputs:
             raise EdgedynError("--inputs and --random-inputs both given; choose one")
+        if type(self.profile_runs) is not int or self.profile_runs < 0:
+            raise EdgedynError("profile runs: expected an integer >= 0, got {!r}".format(self.profile_runs))
         object.__setattr__(self, "rule", StopRule(self.iterations, self.duration_s, self.max_duration_s))
 
 
@@ -214,7 +217,7 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
         warnings.append("stopped after {} of {} iterations: --max-duration {:g} s reached".format(
             len(samples), config.iterations, config.max_duration_s))
     manifest = program.manifest
-    return {
+    report = {
         "model": manifest["model"]["name"],
         "board": manifest["board"]["name"],
         "bundle": str(path),
@@ -243,6 +246,51 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
         "warnings": warnings,
         "env": sysinfo.environment(spec.executor.describe()),
     }
+    if config.profile_runs:
+        report_progress("profiling", 0, 0.0)
+        report["ops"] = profile_ops(spec, values, config.profile_runs, stats["median"])
+    return report
+
+
+def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float) -> Dict[str, Any]:
+    """The executor's per-operator times over `runs` calls, as tables like TFLite's benchmark_model prints:
+    every node sorted by time with its share and the cumulative share, and the same summed per op type.
+
+    Executors report each operator's median time per run (a busy machine's stalls would dominate a mean; the
+    latency it is compared with is a median too) and its calls per run."""
+    profile = getattr(spec.executor, "profile", None)
+    if profile is None:
+        raise EdgedynError("the {} executor has no per-operator profiler".format(spec.artifact["executor"]),
+                           hint="run edgedyn bench without --profile")
+    raw = profile([np.ascontiguousarray(values[name]) for name in spec.inputs], runs)
+    nodes = [{"name": op["name"], "type": op["type"], "count": op["calls"], "ms": op["ms"], "bytes": op.get("bytes")}
+             for op in raw["ops"]]
+    total = sum(node["ms"] for node in nodes)
+    by_type = {}  # type: Dict[str, Dict[str, Any]]
+    for node in nodes:
+        entry = by_type.setdefault(node["type"], {"type": node["type"], "count": 0, "ms": 0.0, "bytes": None})
+        entry["count"] += 1
+        entry["ms"] += node["ms"]
+        if node["bytes"] is not None:
+            entry["bytes"] = (entry["bytes"] or 0) + node["bytes"]
+    result = {"source": raw["source"], "runs": runs, "total_ms": total, "median_latency_ms": median_ms,
+              "total_of_median": total / median_ms if median_ms > 0 else 0.0,
+              "nodes": _shares(nodes, total), "by_type": _shares(list(by_type.values()), total)}
+    for key in ("note", "graph_ops"):
+        if key in raw:
+            result[key] = raw[key]
+    return result
+
+
+def _shares(rows: List[Dict[str, Any]], total: float) -> List[Dict[str, Any]]:
+    """Rows sorted by time (slowest first) with their percent of `total` and the cumulative percent."""
+    ordered = sorted(rows, key=lambda row: -row["ms"])
+    cumulative = 0.0
+    for row in ordered:
+        share = 100.0 * row["ms"] / total if total > 0 else 0.0
+        cumulative += share
+        row["percent"], row["cumulative_percent"] = share, cumulative
+    return ordered
 
 
 def _choose_inputs(program: Any, config: BenchConfig) -> Tuple[Any, Dict[str, Any], str]:

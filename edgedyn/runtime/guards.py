@@ -109,3 +109,44 @@ def input_spec(name: str, value: Any) -> str:
         text = "{}={}".format(name, format_shape(value.shape) if value.ndim else "scalar")
         return text if value.dtype == np.float32 else "{}:{}".format(text, value.dtype)
     return "{}={}".format(name, short(value))
+
+
+# Who reads a hint: Python code calling a loaded bundle ("python": the hint names edgedyn.export(inputs=...) and
+# numpy casts) or a person at the `edgedyn` command line ("cli": --input options, numpy.save); the CLI sets "cli".
+HINT_STYLES = ("python", "cli")
+hint_style = "python"
+
+
+def no_match_hint(signature: Sequence[Dict[str, Any]], specializations: Sequence[Sequence[Guard]],
+                  values: Dict[str, Any]) -> str:
+    """What to do when no specialization matches: cast when a dtype is off, else export again for these values."""
+    try:
+        wanted = _export_form([input_spec(p["name"], values[p["name"]]) for p in signature])
+    except Exception:  # an argument of a kind we cannot describe: the message above already says what failed
+        return "pass arguments with the shapes and dtypes listed above"
+    cast = _cast_hint(specializations, values)
+    if cast is not None:
+        return "{}; or, if the model should take that dtype, export again with {}".format(cast, wanted)
+    return "pass arguments matching one specialization, or export again adding: {}".format(wanted)
+
+
+def _cast_hint(specializations: Sequence[Sequence[Guard]], values: Dict[str, Any]) -> Optional[str]:
+    """The cast that gives an array the dtype the bundle was exported for (numpy's float64 default is the usual
+    miss), or None when every array's dtype is one the bundle takes."""
+    for name, value in values.items():
+        expected = sorted({g["expected"] for guards in specializations for g in guards
+                           if g["kind"] == "dtype" and g["input"] == name})
+        if not isinstance(value, np.ndarray) or not expected or str(value.dtype) in expected:
+            continue
+        if hint_style == "cli":
+            return "save '{}' as {}: numpy.save(path, array.astype(numpy.{}))".format(name, expected[0], expected[0])
+        return "cast '{}' to {}: {}.astype(np.{})".format(name, expected[0], name, expected[0])
+    return None
+
+
+def _export_form(specs: Sequence[str]) -> str:
+    """`--input x=2x3 --input n=5` for the command line, `edgedyn.export(..., inputs=[...])` for Python."""
+    if hint_style == "cli":
+        return " ".join("--input " + spec for spec in specs)
+    return "edgedyn.export(model, inputs=[<the inputs exported before>, {}])".format(
+        ", ".join('"{}"'.format(spec) for spec in specs))

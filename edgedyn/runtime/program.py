@@ -152,7 +152,8 @@ class Program:
             if failure is None:
                 return spec, values
             failures.append((spec.name, failure))
-        raise GuardError(_no_match_message(self.name, failures), hint=_no_match_hint(self.signature, values))
+        raise GuardError(_no_match_message(self.name, failures), hint=guard_checks.no_match_hint(
+            self.signature, [s.guards for s in self.specializations], values))
 
     def bind(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
         """Maps positional and keyword arguments to the captured signature, as Python would."""
@@ -289,14 +290,6 @@ def _no_match_message(model: str, failures: List[Tuple[str, str]]) -> str:
     if len(failures) > schema.LISTED:
         lines.append("  and {} more".format(len(failures) - schema.LISTED))
     return "\n".join(lines)
-
-
-def _no_match_hint(signature: List[Dict[str, Any]], values: Dict[str, Any]) -> str:
-    try:
-        wanted = " ".join("--input " + guard_checks.input_spec(p["name"], values[p["name"]]) for p in signature)
-    except Exception:  # an argument of a kind we cannot describe: the message above already says what failed
-        return "pass arguments with the shapes and dtypes listed above"
-    return "pass arguments matching one specialization, or export again adding: {}".format(wanted)
 
 
 def _wrong_platform(bundle: Bundle, spec: Specialization, arch: str) -> PlatformError:

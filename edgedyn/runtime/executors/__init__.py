@@ -2,7 +2,9 @@
 
 An executor is a class built as `Executor(bundle, artifact, options)` with
 `run(inputs: List[np.ndarray]) -> List[np.ndarray]` (flat inputs and outputs in the manifest's order) and
-`describe() -> Dict[str, Any]` (what it runs on, for inspect and bench).
+`describe() -> Dict[str, Any]` (what it runs on, for inspect and bench), and optionally
+`profile(inputs, runs) -> Dict[str, Any]` for `edgedyn bench --profile`: {"source", "runs", "ops": [{"name",
+"type", "ms" (median per run), "calls" (per run), "bytes" (optional)}], "note" (optional)}.
 """
 import importlib
 from typing import Any

@@ -1,8 +1,11 @@
 """Runs a .tflite model with LiteRT (`ai-edge-litert`, XNNPACK on by default), or `tflite-runtime` with numpy < 2."""
+import contextlib
 import os
 import struct
+import tempfile
 import threading
-from typing import Any, Dict, List, Optional
+import time
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -10,6 +13,11 @@ from edgedyn.runtime import schema
 from edgedyn.runtime.errors import BundleError, MissingDependencyError
 
 _HINT = "pip install 'edgedyn[litert]'"
+NO_OP_PROFILER = ("LiteRT's Python API (ai-edge-litert, tflite-runtime) offers no per-operator profiler, and XNNPACK "
+                  "runs the graph as one delegated node: the row is the whole invoke(); for per-operator times run "
+                  "TFLite's benchmark_model --enable_op_profiling=true on the bundle's .tflite member")
+# Printed by LiteRT's native code on fd 2 when it applies XNNPACK; it is not edgedyn's to show the user.
+_LITERT_CHATTER = (b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",)
 
 
 def _interpreter_class() -> Any:
@@ -65,13 +73,34 @@ class LiteRtExecutor:
         self._model = bundle.read(artifact["files"]["model"])  # kept alive: the interpreter reads it in place
         _check_tensor_bytes(self._model, options.get("declared_bytes"), bundle, artifact["files"]["model"])
         self._threads = int(options.get("threads") or os.cpu_count() or 1)
-        self._interpreter = _Interpreter(interpreter_class, self._model, self._threads)
+        with _quiet_native_stderr():
+            self._interpreter = _Interpreter(interpreter_class, self._model, self._threads)
         self._lock = threading.Lock()
         self.artifact = artifact
 
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
         with self._lock:
             return self._interpreter.run(inputs)
+
+    def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
+        """Whole-graph invoke times: LiteRT's Python API has no per-operator profiler (see NO_OP_PROFILER)."""
+        with self._lock:
+            interpreter = self._interpreter.interpreter
+            for (index, dtype), array in zip(self._interpreter.inputs, inputs):
+                interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=dtype))
+            interpreter.invoke()  # warm-up
+            times = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                interpreter.invoke()
+                times.append(time.perf_counter() - started)
+            counts = {}  # type: Dict[str, int]
+            for op in interpreter._get_ops_details():  # the model's operators, as written into the .tflite
+                counts[op["op_name"]] = counts.get(op["op_name"], 0) + 1
+        return {"source": "invoke() timed as a whole", "runs": runs, "note": NO_OP_PROFILER,
+                "graph_ops": counts,
+                "ops": [{"name": "invoke ({} operators)".format(sum(counts.values())), "type": "whole graph",
+                         "ms": float(np.median(times)) * 1000.0, "calls": 1}]}
 
     def describe(self) -> Dict[str, Any]:
         return {"executor": "litert", "device": "cpu", "runtime": self._package, "threads": self._threads,
@@ -100,3 +129,26 @@ def _version(package: str) -> str:
         return version(package)
     except Exception:  # metadata missing in a vendored install: the version is only informative
         return "unknown"
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Drops LiteRT's own INFO lines, written by C++ straight to fd 2 (so sys.stderr cannot catch them); any
+    other line written meanwhile (a real native error) is passed on."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no fd 2 (a daemon): nothing to keep quiet
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(True)
+                    if not line.strip().startswith(_LITERT_CHATTER)]
+            if kept:
+                os.write(2, b"".join(kept))

@@ -6,6 +6,7 @@ inputs in, runs the steps and copies the outputs out: no allocation for intermed
 Standard library and numpy >= 1.19 only, Python 3.8 syntax: this file runs on the board.
 """
 import os
+import time
 from typing import Any, Callable, Dict, List
 
 import numpy as np
@@ -93,6 +94,7 @@ class _Arena:
         return [np.array(output, order="C") for output in self.outputs]
 
 
+
 class PortableExecutor:
     """The graph and weights, read once; an arena per calling thread (threads.PerThread), since a call writes
     every intermediate into its arena."""
@@ -120,8 +122,31 @@ class PortableExecutor:
         """This thread's output views in its arena."""
         return self._arenas.get().outputs
 
+    @property
+    def values(self) -> List[np.ndarray]:
+        """This thread's views of every graph value (graph.json's `values`, in order)."""
+        return self._arenas.get().values
+
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
         return self._arenas.get().run(inputs)
+
+    def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
+        """Each step's median time over `runs` calls, in this thread's arena (edgedyn/runtime/bench.py reports it)."""
+        arena = self._arenas.get()
+        for target, array in zip(arena.inputs, inputs):
+            np.copyto(target, array, casting="same_kind")
+        samples = [[] for _ in arena.steps]  # type: List[List[float]]
+        clock = time.perf_counter
+        with np.errstate(over="ignore", under="ignore"):
+            for _ in range(runs):
+                for index, step in enumerate(arena.steps):
+                    started = clock()
+                    step()
+                    samples[index].append(clock() - started)
+        ops = [{"name": record["name"], "type": record["op"], "ms": float(np.median(times)) * 1000.0, "calls": 1,
+                "bytes": _bytes_touched(arena.values, record)} for record, times in zip(self.graph["steps"], samples)]
+        return {"source": "portable executor timers (perf_counter around each kernel call)", "runs": runs,
+                "ops": ops}
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -134,3 +159,24 @@ class PortableExecutor:
             "allocates_intermediates": False,
             "arena_per_thread": True,
         }
+
+
+def _bytes_touched(values: List[np.ndarray], step: Dict[str, Any]) -> int:
+    """Bytes a step reads and writes: its argument and output arrays and its scratch, each counted once."""
+    indices = set(i for i in step["outputs"] if i is not None)
+    indices.update(_value_indices(step["args"]))
+    indices.update(_value_indices(step["kwargs"]))
+    itemsize = values[next(i for i in step["outputs"] if i is not None)].itemsize
+    return int(sum(values[i].nbytes for i in indices) + sum(int(np.prod(record["shape"])) * itemsize
+                                                           for record in step["scratch"]))
+
+
+def _value_indices(encoded: Any) -> List[int]:
+    """The graph value indices an encoded step argument refers to (`{"value": i}` at any depth)."""
+    if isinstance(encoded, list):
+        return [i for item in encoded for i in _value_indices(item)]
+    if isinstance(encoded, dict):
+        if set(encoded) == {"value"}:
+            return [int(encoded["value"])]
+        return [i for item in encoded.values() for i in _value_indices(item)]
+    return []

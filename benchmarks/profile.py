@@ -1,0 +1,101 @@
+"""Do `edgedyn bench --profile`'s operator times add up to the latency `bench` measures? One check per backend.
+
+    python benchmarks/profile.py                                  # mobilenet_v2 and tiny_cnn, every backend
+    python benchmarks/profile.py --models tiny_cnn --backends onnxruntime,tvm --threads 1
+
+Each model is exported once per backend, then `edgedyn bench BUNDLE --profile --json` runs in its own process
+(onnxruntime's spinning threads would slow a neighbour in the same process; FACTS.md) and the sum of the operator
+times per run is compared with the median latency of the timing loop. A profile that explains the latency lies
+within 15% of it. JSON goes to benchmarks/results/.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List
+
+REPO = Path(__file__).resolve().parents[1]
+# This file's name shadows the standard library's `profile` (which cProfile, imported by torch, needs): drop its
+# folder from the path, and import this checkout's edgedyn rather than whichever one is installed.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO))
+RESULTS = REPO / "benchmarks" / "results"
+MODELS = {
+    "tiny_cnn": ("examples/tiny_cnn.py:TinyCNN", "x=1x3x64x64"),
+    "mobilenet_v2": ("examples/mobilenet_v2.py:MobileNetV2", "x=1x3x96x96"),
+}
+BACKENDS = ("onnxruntime", "tflite", "tvm", "portable")
+WITHIN = 0.15  # |op total - median| / median
+
+
+def export(model: str, backend: str, directory: Path) -> Path:
+    import edgedyn
+
+    reference, spec = MODELS[model]
+    return edgedyn.export(str(REPO / reference), inputs=[spec], board="x86-64", backend=backend,
+                          output=directory / "{}-{}.edgedyn".format(model, backend))
+
+
+def profile(bundle: Path, threads: int, runs: int) -> Dict[str, Any]:
+    """`edgedyn bench --profile` in a fresh process; its JSON report."""
+    command = [sys.executable, "-m", "edgedyn", "bench", str(bundle), "--threads", str(threads), "--warmup", "10",
+               "--iterations", str(runs), "--duration", "1", "--profile", "--profile-runs", str(runs), "--json"]
+    # numpy's BLAS (the portable executor's matmuls) starts its own threads: hold it to the same count, or its
+    # threads fight for the cores and the timing loop and the profile see different machines.
+    environment = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+                       MKL_NUM_THREADS=str(threads))
+    result = subprocess.run(command, cwd=str(REPO), capture_output=True, text=True, timeout=600, env=environment)
+    if result.returncode != 0:
+        raise RuntimeError("{} failed:\n{}".format(" ".join(command), result.stderr))
+    return json.loads(result.stdout)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=50, help="timed calls, and profiled calls")
+    args = parser.parse_args()
+    rows = []  # type: List[Dict[str, Any]]
+    with tempfile.TemporaryDirectory(prefix="edgedyn-profile-") as scratch:
+        for model in args.models.split(","):
+            for backend in args.backends.split(","):
+                report = profile(export(model, backend, Path(scratch)), args.threads, args.runs)
+                ops = report["ops"]
+                error = abs(ops["total_ms"] - ops["median_latency_ms"]) / ops["median_latency_ms"]
+                rows.append({"model": model, "backend": backend, "median_ms": ops["median_latency_ms"],
+                             "op_total_ms": ops["total_ms"], "ratio": ops["total_of_median"], "error": error,
+                             "within": error <= WITHIN, "operators": len(ops["nodes"]), "source": ops["source"],
+                             "top": [[n["name"], n["type"], n["ms"]] for n in ops["nodes"][:3]]})
+                print("{:<13} {:<12} median {:9.3f} ms  ops {:9.3f} ms  {:6.1%} of median  {:>3} ops  {}".format(
+                    model, backend, ops["median_latency_ms"], ops["total_ms"], ops["total_of_median"],
+                    len(ops["nodes"]), "ok" if error <= WITHIN else "OFF BY {:.0%}".format(error)), flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    path = RESULTS / "{}-profile-{}t.json".format(stamp.strftime("%Y-%m-%d"), args.threads)
+    path.write_text(json.dumps({"created": stamp.isoformat(), "cpu": cpu_model(), "threads": args.threads,
+                                "load_average": list(os.getloadavg()), "cores": os.cpu_count(),
+                                "runs": args.runs, "within": WITHIN, "rows": rows}, indent=2) + "\n")
+    print("wrote {}".format(path))
+    if not all(row["within"] for row in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

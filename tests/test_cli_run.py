@@ -1,0 +1,200 @@
+"""`edgedyn run` on your own data, and the command line's small promises: --version, -h, completion, one
+meaning of --json everywhere, progress lines, hints in the caller's syntax, calibration arrays by name."""
+import io
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgedyn import calibration
+from edgedyn.errors import EdgedynError
+
+from conftest import EXAMPLES, REPO, RTOL, torch_model
+
+
+def _torch(name: str, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return torch_model(name)(torch.from_numpy(x)).numpy()
+
+
+def _close(actual: np.ndarray, expected: np.ndarray) -> None:
+    np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * float(np.abs(expected).max()))
+
+
+def test_run_npy_to_npz_matches_torch(run_cli, export_example, tmp_path):
+    x = np.random.default_rng(21).standard_normal((8, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = run_cli("run", str(export_example("mlp")), "--input", "x={}".format(tmp_path / "x.npy"),
+                     "-o", str(tmp_path / "out.npz"))
+    assert result.returncode == 0, result.stderr
+    assert "using x=8x64" in result.stderr  # the batch-8 specialization was dispatched to
+    with np.load(tmp_path / "out.npz") as outputs:
+        assert outputs.files == ["output_0"]
+        _close(outputs["output_0"], _torch("mlp", x))
+
+
+def test_run_reads_stdin_and_writes_stdout_for_pipes(export_example, tmp_path):
+    x = np.random.default_rng(22).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    buffer = io.BytesIO()
+    np.save(buffer, x)
+    result = subprocess.run([sys.executable, "-m", "edgedyn", "run", str(export_example("tiny_cnn", backend="onnxruntime")),
+                             "-i", "x=-", "-o", "-"], input=buffer.getvalue(), capture_output=True, cwd=str(REPO),
+                            timeout=300)
+    assert result.returncode == 0, result.stderr.decode()
+    with np.load(io.BytesIO(result.stdout)) as outputs:
+        _close(outputs["output_0"], _torch("tiny_cnn", x))
+
+
+def _png(path: Path, rng: np.random.Generator, size: int = 80) -> np.ndarray:
+    from PIL import Image
+
+    pixels = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(str(path))
+    return pixels
+
+
+def test_run_an_image_through_a_classifier_prints_the_top_classes(run_cli, export_example, tmp_path):
+    from PIL import Image  # the [images] extra, part of [all]
+
+    _png(tmp_path / "cat.png", np.random.default_rng(23))
+    result = run_cli("run", str(export_example("tiny_cnn", backend="onnxruntime")), "-i",
+                     "x={}".format(tmp_path / "cat.png"), "--print-top", "3", "--json", str(tmp_path / "top.json"))
+    assert result.returncode == 0, result.stderr
+    # The same preprocessing by hand: resize to 64x64, scale to 0-1, ImageNet mean and std, NCHW.
+    with Image.open(str(tmp_path / "cat.png")) as image:
+        pixels = np.asarray(image.convert("RGB").resize((64, 64), Image.BILINEAR), np.float32) / 255.0
+    x = ((pixels - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).astype(np.float32).transpose(2, 0, 1)[None]
+    logits = _torch("tiny_cnn", np.ascontiguousarray(x))[0]
+    top = json.loads((tmp_path / "top.json").read_text())["outputs"]["output_0"]["top"]
+    assert [item["class"] for item in top] == list(np.argsort(-logits)[:3])
+    assert top[0]["score"] == pytest.approx(float(logits.max()), rel=1e-4, abs=1e-4 * float(np.abs(logits).max()))
+    assert re.search(r"#1 class {} +score".format(top[0]["class"]), result.stdout)
+
+
+def test_an_image_without_pillow_names_the_install(run_cli, export_example, tmp_path):
+    blocker = tmp_path / "no_pillow" / "PIL"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('No module named PIL')\n")
+    (tmp_path / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    result = run_cli("run", str(export_example("tiny_cnn", backend="onnxruntime")), "-i",
+                     "x={}".format(tmp_path / "x.png"), env={"PYTHONPATH": str(blocker.parent)})
+    assert result.returncode == 2
+    assert "error: reading x.png needs Pillow, which is not installed" in result.stderr
+    assert "hint: pip install 'edgedyn[images]'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_float64_input_hints_the_cast_in_cli_form(run_cli, export_example, tmp_path):
+    np.save(tmp_path / "x.npy", np.random.default_rng(24).standard_normal((8, 64)))  # numpy's default: float64
+    result = run_cli("run", str(export_example("mlp")), "-i", "x={}".format(tmp_path / "x.npy"))
+    assert result.returncode == 2
+    assert "input 'x' dtype: expected float32, got float64" in result.stderr
+    assert "hint: save 'x' as float32: numpy.save(path, array.astype(numpy.float32)); or, if the model should " \
+           "take that dtype, export again with --input x=8x64:float64" in result.stderr
+
+
+@pytest.mark.parametrize("args, error", [
+    (["-i", "y=x.npy"], "error: --input y=x.npy: the model has no argument 'y'; its arguments are: x"),
+    ([], "error: no --input for x; the model's tensor inputs are: x"),
+    (["-i", "x=missing.npy"], "error: --input x=missing.npy: no such file"),
+    (["-i", "x=-", "-o", "-", "--json"], "error: -o - and --json both want stdout"),
+])
+def test_run_user_errors(run_cli, export_example, args, error):
+    result = run_cli("run", str(export_example("mlp")), *args)
+    assert result.returncode == 2 and error in result.stderr and "Traceback" not in result.stderr
+
+
+def test_version_short_help_and_completion(run_cli):
+    from edgedyn.version import __version__
+
+    assert run_cli("--version").stdout.strip() == "edgedyn {}".format(__version__)
+    for args in (["-h"], ["run", "-h"], ["boards", "show", "-h"]):
+        result = run_cli(*args)
+        assert result.returncode == 0 and "Usage: edgedyn" in result.stdout, args
+    completion = run_cli("--show-completion", "bash")
+    assert completion.returncode == 0 and "_edgedyn_completion" in completion.stdout
+    assert "--install-completion" in run_cli("--help").stdout
+
+
+@pytest.mark.parametrize("command", [["verify"], ["inspect"], ["bench", "--iterations", "2", "--duration", "0"]])
+def test_json_means_the_same_on_every_command(run_cli, export_example, tmp_path, command):
+    bundle = str(export_example("mlp"))
+    alone = run_cli(command[0], "--json", bundle, *command[1:])  # bare --json before the bundle: stdout
+    assert alone.returncode == 0, alone.stderr
+    assert isinstance(json.loads(alone.stdout), dict)
+    path = tmp_path / "report.json"
+    beside = run_cli(command[0], bundle, *command[1:], "--json", str(path))
+    assert beside.returncode == 0, beside.stderr
+    assert json.loads(path.read_text()) and not beside.stdout.lstrip().startswith("{")  # the table on stdout
+    assert "wrote {}".format(path) in beside.stderr
+
+
+def test_boards_json_bare_and_to_a_file(run_cli, tmp_path):
+    assert [b["name"] for b in json.loads(run_cli("boards", "--json").stdout)][0] == "jetson-nano"
+    result = run_cli("boards", "show", "x86-64", "--json={}".format(tmp_path / "b.txt"))
+    assert result.returncode == 0 and json.loads((tmp_path / "b.txt").read_text())["board"]["name"] == "x86-64"
+
+
+def test_progress_lines_show_elapsed_seconds_not_a_source_line(run_cli, tmp_path):
+    result = run_cli("export", str(EXAMPLES / "mlp.py") + ":MLP", "--input", "x=1x64", "--backend", "portable",
+                     "-o", str(tmp_path / "mlp.edgedyn"))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("export: ")]
+    assert len(lines) >= 3
+    assert all(re.fullmatch(r"export: .+ \(\d+\.\d s\)", line) for line in lines), lines
+    assert "common.py" not in result.stderr
+
+
+def test_calibration_npz_arrays_are_matched_by_name(tmp_path):
+    rng = np.random.default_rng(25)
+    a, b = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 5)).astype(np.float32)
+    np.savez(tmp_path / "swapped.npz", b=b, a=a)  # the other order than the model takes them
+    samples = calibration.load(str(tmp_path / "swapped.npz"))
+    batch = calibration.batches(samples, [[1, 3], [1, 5]], [np.float32, np.float32], names=["a", "b"])[0]
+    np.testing.assert_array_equal(batch[0], a[:1])
+    np.testing.assert_array_equal(batch[1], b[:1])
+    held_out = calibration.split(samples)[1]
+    assert calibration.batches(held_out, [[1, 3], [1, 5]], [np.float32] * 2, names=["a", "b"])[0][0].shape == (1, 3)
+
+    np.savez(tmp_path / "wrong.npz", a=a, c=b)
+    with pytest.raises(EdgedynError) as info:
+        calibration.batches(calibration.load(str(tmp_path / "wrong.npz")), [[1, 3], [1, 5]], [np.float32] * 2,
+                            names=["a", "b"])
+    assert "has array(s) c that name no input; has no array for b; the model's tensor inputs are: a, b" in str(
+        info.value)
+    assert "numpy.savez(path, a=..., b=...)" in info.value.hint
+
+
+def test_calibration_random_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="edgedyn"):
+        assert calibration.load("random").random
+    assert "warning: --calibration random: int8 scales from random normal inputs" in caplog.text
+
+
+def test_the_arena_picture_says_whose_memory_it_is(run_cli, export_example, tmp_path):
+    for backend, label in (("onnxruntime", "planned, not used by onnxruntime"),
+                           ("portable", "used by the portable executor")):
+        bundle = export_example("tiny_cnn", backend=backend)
+        result = run_cli("inspect", "--memory", str(bundle), "--picture-dir", str(tmp_path))
+        assert result.returncode == 0, result.stderr
+        assert label in result.stdout
+        svg = (tmp_path / "{}.memory-0.svg".format(bundle.name.rsplit(".", 1)[0])).read_text()
+        assert label in svg
+
+
+def test_docs_agree_that_tflite_has_int8():
+    tflite = (REPO / "docs" / "tflite.md").read_text()
+    assert "No int8" not in tflite and "--quantize int8" in tflite
+
+
+def test_the_cli_needs_no_click_of_its_own():
+    """Typer 0.29 vendors Click and does not install it: importing click directly broke a fresh install."""
+    code = "import sys; sys.modules['click'] = None; import edgedyn.cli.main"
+    result = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
