@@ -78,6 +78,7 @@ class Program:
             has_gpu_code = any(a.get("device", "cpu") != "cpu" for a in spec.record["artifacts"])
             fell_back = has_gpu_code and spec.artifact.get("device", "cpu") == "cpu" and device != "cpu"
             log.log(logging.WARNING if fell_back else logging.INFO, "edgedyn: %s", spec.selection())
+        self._fast = FastDispatch(self.signature, self.specializations)
         self.init_ms = (time.perf_counter() - started) * 1000.0
 
     def _choose_artifact(self, spec: Specialization, device: str, threads: Optional[int]) -> None:
@@ -109,6 +110,11 @@ class Program:
         return self.manifest["model"]["name"]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs:
+            fast = self._fast.match(args)
+            if fast is not None:
+                spec, arrays = fast
+                return build_outputs(spec.output_tree, spec.executor.run(arrays))
         spec, values = self.dispatch(*args, **kwargs)
         flat = spec.executor.run([np.ascontiguousarray(values[name]) for name in spec.inputs])
         return build_outputs(spec.output_tree, flat)
@@ -180,6 +186,85 @@ class Program:
                 results.append(dict(compare(got, want, tolerance), specialization=spec.name, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))
         return results
+
+
+class FastDispatch:
+    """The common call without binding: every argument positional, tensors as C-contiguous numpy arrays of exactly
+    one specialization's dtype and shape, constants of exactly the captured type and value.
+
+    Note: an optimization only, never a second rule. `match` returns the specialization the guards would choose,
+    or None; on None `Program.__call__` takes the general path, which binds, checks every guard and words the
+    errors. Specializations are tried in manifest order, as `dispatch` does, and the search stops at the first
+    one whose guards this class cannot read (dispatch would reach it before any later one). The tables are built
+    once and never written again: safe to share between threads.
+    """
+
+    def __init__(self, signature: List[Dict[str, Any]], specializations: List[Specialization]) -> None:
+        names = [param["name"] for param in signature]
+        self._arity = len(names)
+        self._table = []  # type: List[Tuple[Specialization, List[Tuple[int, Any, Any]], List[int]]]
+        for spec in specializations:
+            checks = _fast_checks(spec.guards, names)
+            if checks is None:
+                break
+            self._table.append((spec, checks, [names.index(name) for name in spec.inputs]))
+
+    def match(self, args: Sequence[Any]) -> Optional[Tuple[Specialization, List[np.ndarray]]]:
+        """(the specialization and its executor inputs) when the fast rules decide it, else None."""
+        if len(args) != self._arity:
+            return None
+        for spec, checks, order in self._table:
+            for position, kind, expected in checks:
+                value = args[position]
+                if kind is None:  # a tensor: (dtype, shape)
+                    if type(value) is not np.ndarray or value.dtype != expected[0] or value.shape != expected[1]:
+                        break
+                elif type(value) is not kind or value != expected:
+                    break
+            else:
+                arrays = [args[position] for position in order]
+                if all(array.flags.c_contiguous for array in arrays):
+                    return spec, arrays
+                return None
+        return None
+
+
+def _fast_checks(guards: List[Dict[str, Any]], names: List[str]) -> Optional[List[Tuple[int, Any, Any]]]:
+    """Per argument (position, None, (dtype, shape)) for a tensor or (position, type, value) for a constant, when
+    `guards` say exactly that and nothing else; None when they hold a guard this fast form cannot express."""
+    tensors = {}  # type: Dict[str, Dict[str, Any]]
+    constants = {}  # type: Dict[str, Tuple[Any, Any]]
+    for guard in guards:
+        kind, name = guard["kind"], guard["input"]
+        if name not in names:
+            return None
+        if kind in ("tensor", "dtype", "rank", "dim"):
+            entry = tensors.setdefault(name, {"dims": {}})
+            if kind == "dtype":
+                entry["dtype"] = guard["expected"]
+            elif kind == "rank":
+                entry["rank"] = guard["expected"]
+            elif kind == "dim":
+                entry["dims"][guard["index"]] = guard["expected"]
+            else:
+                entry["tensor"] = True
+        elif kind == "constant" and guard["type"] in guard_checks._SCALAR_TYPES:
+            constants[name] = (guard_checks._SCALAR_TYPES[guard["type"]], guard["expected"])
+        else:
+            return None
+    checks = []  # type: List[Tuple[int, Any, Any]]
+    for position, name in enumerate(names):
+        if name in constants and name not in tensors:
+            checks.append((position, constants[name][0], constants[name][1]))
+            continue
+        entry = tensors.get(name)
+        if entry is None or not entry.get("tensor") or "dtype" not in entry or "rank" not in entry:
+            return None
+        if sorted(entry["dims"]) != list(range(entry["rank"])):
+            return None
+        shape = tuple(int(entry["dims"][index]) for index in range(entry["rank"]))
+        checks.append((position, None, (np.dtype(entry["dtype"]), shape)))
+    return checks
 
 
 def compare(got: np.ndarray, want: np.ndarray, tolerance: Dict[str, float]) -> Dict[str, Any]:
