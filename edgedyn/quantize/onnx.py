@@ -18,7 +18,6 @@ from typing import Any, Dict, Iterator, List, Tuple
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.quantize.accuracy import INT8_TOLERANCE
 
-IR_VERSION = 8
 
 
 def quantize(onnx: Any, model: Any, quantization: Any, input_names: List[str]) -> Tuple[Any, Dict[str, Any]]:
@@ -59,7 +58,7 @@ def _quantize(onnx: Any, model: Any, quantization: Any, input_names: List[str], 
             raise BackendError("onnxruntime's quantizer failed: {}: {}".format(type(error).__name__, error),
                                hint="try --backend tflite, or report this with EDGEDYN_DEBUG=1 output")
         quantized = onnx.load(str(target))
-    quantized.ir_version = IR_VERSION
+    quantized.ir_version = model.ir_version  # the quantizer stamps its onnx's newest; keep the backend's
     onnx.checker.check_model(quantized)
     ops = sorted({node.op_type for node in quantized.graph.node})
     return quantized, {
