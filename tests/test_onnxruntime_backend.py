@@ -176,3 +176,12 @@ def test_transformer_block_keeps_the_ops_onnxruntime_fuses(export_onnx):
     assert ops["Gelu"] + ops["BiasGelu"] == 1, ops
     assert ops["LayerNormalization"] + ops["SkipLayerNormalization"] == 2, ops
     assert not {"Erf", "ReduceMean", "Pow", "Sqrt"} & set(ops), ops
+
+
+def test_every_backend_names_a_registered_pipeline_and_onnxruntime_keeps_high_level_ops():
+    from edgedyn.backends import BACKENDS
+    from edgedyn.passes import HIGH_LEVEL, PIPELINES
+
+    assert all(record.pipeline in PIPELINES for record in BACKENDS.values())
+    assert BACKENDS["onnxruntime"].pipeline in HIGH_LEVEL
+    assert all(BACKENDS[name].pipeline == "default" for name in ("portable", "tflite", "tvm"))
