@@ -58,7 +58,7 @@ def lower(build: Build) -> Artifact:
     onnx, onnxruntime = _import_onnx()
     output_names = ["output_{}".format(i) for i in range(len(program.graph_signature.user_outputs))]
     model = _export(onnx, program, tensor_inputs, output_names)
-    model = _optimize_offline(onnx, onnxruntime, model)
+    model, offline_level = _loadable(onnxruntime, _optimize_offline(onnx, onnxruntime, model), model)
     extra = {}  # type: Dict[str, Any]
     if quantization is not None:
         from edgedyn.quantize.onnx import quantize
@@ -76,7 +76,7 @@ def lower(build: Build) -> Artifact:
         file_names={"model": "model.onnx"},
         meta={"opset": OPSET, "ir_version": model.ir_version, "input_names": list(tensor_inputs),
               "output_names": output_names, "execution_providers": execution_providers(board),
-              "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": OFFLINE_LEVEL},
+              "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": offline_level},
               "tolerance": dict(FP32_TOLERANCE), "requires": {"python": ["onnxruntime>={}".format(MIN_ONNXRUNTIME)]},
               **extra},
     )
@@ -128,6 +128,21 @@ def _optimize_offline(onnx: Any, onnxruntime: Any, model: Any) -> Any:
     optimized.producer_name, optimized.producer_version = model.producer_name, model.producer_version
     onnx.checker.check_model(optimized)
     return optimized
+
+
+def _loadable(onnxruntime: Any, optimized: Any, exported: Any) -> Tuple[Any, str]:
+    """(the offline-optimized model, OFFLINE_LEVEL) when onnxruntime opens it with every optimization on (as the
+    board does), else (the exported one, "none"): onnxruntime then optimizes it once, at load."""
+    # Seen with onnxruntime 1.32 on a BERT encoder fed embeddings: a basic-optimized file failed to load at
+    # ORT_ENABLE_ALL ("AddInitializedOrtValue Attempt to replace the existing tensor"), the exported one loaded.
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 4
+    try:
+        onnxruntime.InferenceSession(optimized.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return optimized, OFFLINE_LEVEL
+    except Exception:  # onnxruntime raises its own pybind Fail/RuntimeException types
+        return exported, "none"
 
 
 def _first_line(error: BaseException) -> str:
