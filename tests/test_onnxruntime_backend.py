@@ -185,3 +185,19 @@ def test_every_backend_names_a_registered_pipeline_and_onnxruntime_keeps_high_le
     assert all(record.pipeline in PIPELINES for record in BACKENDS.values())
     assert BACKENDS["onnxruntime"].pipeline in HIGH_LEVEL
     assert all(BACKENDS[name].pipeline == "default" for name in ("portable", "tflite", "tvm"))
+
+
+def test_a_file_onnxruntime_cannot_reopen_is_replaced_by_the_exported_model():
+    import onnxruntime
+
+    from edgedyn.backends.onnxruntime import _loadable
+
+    class Refusing:
+        SessionOptions, GraphOptimizationLevel = onnxruntime.SessionOptions, onnxruntime.GraphOptimizationLevel
+
+        @staticmethod
+        def InferenceSession(*args, **kwargs):
+            raise RuntimeError("AddInitializedOrtValue Attempt to replace the existing tensor")
+
+    optimized, exported = onnx.ModelProto(), onnx.ModelProto()
+    assert _loadable(Refusing, optimized, exported) == (exported, "none")
