@@ -216,16 +216,14 @@ class FastDispatch:
         for spec, checks, order in self._table:
             for position, kind, expected in checks:
                 value = args[position]
-                if kind is None:  # a tensor: (dtype, shape)
-                    if type(value) is not np.ndarray or value.dtype != expected[0] or value.shape != expected[1]:
+                if kind is None:  # a tensor: (dtype, shape), and C order, which the executors need
+                    if type(value) is not np.ndarray or value.dtype != expected[0] or value.shape != expected[1] \
+                            or not value.flags.c_contiguous:
                         break
                 elif type(value) is not kind or value != expected:
                     break
             else:
-                arrays = [args[position] for position in order]
-                if all(array.flags.c_contiguous for array in arrays):
-                    return spec, arrays
-                return None
+                return spec, [args[position] for position in order]
         return None
 
 
