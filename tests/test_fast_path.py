@@ -116,3 +116,12 @@ def test_fast_calls_from_many_threads_each_get_their_own_result(two_input_bundle
     for thread in threads:
         thread.join()
     assert failures == []
+
+
+def test_cpu_sessions_call_onnxruntime_natively_with_the_same_results(two_input_bundle):
+    program = rt.load(two_input_bundle)
+    executor = program.specializations[0].executor
+    assert executor._native_run() is not None  # a CPU-only session on an onnxruntime that has one
+    a, b = _fresh((1, 16), 41), _fresh((1, 16), 42)
+    public = executor._session.run(executor._outputs, {"a": a, "b": b})
+    np.testing.assert_array_equal(executor.run([a, b])[0], public[0])
