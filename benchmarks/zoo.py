@@ -253,7 +253,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     import warnings
 
     from edgedyn import zoo
-    from edgedyn.backends import BACKENDS
+    from edgedyn.registry import BACKENDS
     from edgedyn.boards import board_names
 
     warnings.simplefilter("ignore")

@@ -37,6 +37,7 @@ class Backend:
     overhead_bytes: Optional[int]
     overhead_import: str  # the statement that loads this executor's runtime, for measuring the overhead
     general: bool  # takes every core-ATen op (named as the alternative when another backend cannot express one)
+    pipeline: str = "default"  # the pass pipeline (edgedyn/passes PIPELINES) whose graph it lowers
     no_int8_reason: str = ""  # why --quantize is refused, for backends that do not quantize
     summary: str = ""  # one line for CLI help and docs
 
@@ -68,7 +69,7 @@ BACKENDS = {
     "onnxruntime": Backend(
         name="onnxruntime", lower="edgedyn.backends.onnxruntime:lower", executor="onnxruntime", devices=("cpu",),
         quantizes=True, extra="export,onnxruntime", board_extra="onnxruntime", overhead_bytes=52 * MB,
-        overhead_import="import onnxruntime", general=True,
+        overhead_import="import onnxruntime", general=True, pipeline="onnxruntime",
         summary="ONNX for onnxruntime; the board's execution providers (TensorRT/CUDA on a Jetson) are tried first"),
     "portable": Backend(
         name="portable", lower="edgedyn.backends.portable:lower", executor="portable", devices=("cpu",),

@@ -23,6 +23,7 @@ from edgedyn.backends.artifact import Artifact, Build, open_executor
 from edgedyn.boards import Board, Target
 from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Specialization
+from edgedyn.passes import pipeline_passes, run_pipeline
 from edgedyn.runtime.bench import Clock, StopRule, percentile, time_calls
 from edgedyn.runtime.format import host_arch
 from edgedyn.runtime.program import FP32_TOLERANCE, compare
@@ -75,9 +76,21 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
 
 def _builder(program: Any, board: Board, target: Target, spec: Specialization,
              quantization: Optional[Any]) -> Callable[[str], Artifact]:
-    build = Build(program=program, board=board, target=target, tensor_inputs=list(spec.tensor_inputs),
-                  quantization=quantization)
-    return lambda name: BACKENDS[name].build(build)
+    """Builds a backend from the graph of the pipeline its record names: `program` (the default pipeline's) or
+    the captured program through that backend's own pipeline (run once, kept for the other candidates)."""
+    programs = {"default": program}  # type: Dict[str, Any]
+
+    def build(name: str) -> Artifact:
+        pipeline = BACKENDS[name].pipeline
+        if pipeline not in programs:
+            programs[pipeline] = run_pipeline(spec.program, pipeline)
+        artifact = BACKENDS[name].build(Build(program=programs[pipeline], board=board, target=target,
+                                              tensor_inputs=list(spec.tensor_inputs), quantization=quantization))
+        if pipeline != "default":
+            artifact.meta = dict(artifact.meta, pipeline={"name": pipeline, "passes": pipeline_passes(pipeline)})
+        return artifact
+
+    return build
 
 
 def candidates(board: Board, quantization: Optional[Any] = None) -> List[str]:

@@ -2,6 +2,7 @@
 inputs, a portable ONNX file in the bundle, and the errors a user sees when onnxruntime is missing."""
 import ast
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -44,8 +45,10 @@ def test_bundle_holds_one_portable_onnx_file_with_its_weights(export_onnx):
     bundle = rt.Bundle(export_onnx("mobilenet_v2"))
     (spec,) = bundle.manifest["specializations"]
     (artifact,) = spec["artifacts"]
-    assert artifact["arch"] is None and artifact["target"] == "onnx-opset18"
-    assert artifact["opset"] == 18 and artifact["ir_version"] == 8
+    assert artifact["arch"] is None and artifact["target"] == "onnx-opset20"
+    assert artifact["opset"] == 20 and artifact["ir_version"] == 9
+    assert artifact["requires"] == {"python": ["onnxruntime>=1.17"]}
+    assert artifact["pipeline"] == {"name": "onnxruntime", "passes": ["remove_dead_code"]}
     assert artifact["onnxruntime"] == {"version": __import__("onnxruntime").__version__, "graph_optimization": "basic"}
     assert artifact["tolerance"]["rtol"] == 1e-4
     assert artifact["selection"] == {"mode": "user", "requested": "onnxruntime"}
@@ -57,8 +60,9 @@ def test_bundle_holds_one_portable_onnx_file_with_its_weights(export_onnx):
     assert [i.name for i in model.graph.input] == ["x"] and [o.name for o in model.graph.output] == ["output_0"]
     # Only standard ONNX ops (basic optimizations): any onnxruntime and any execution provider can run it.
     assert {node.domain for node in model.graph.node} == {""}
-    assert [(o.domain, o.version) for o in model.opset_import] == [("", 18)]
-    # Batch norm was folded into the convolutions, and every weight is inside the file.
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 20)]
+    # Batch norm was folded into the convolutions (by onnxruntime's basic optimizations), and every weight is
+    # inside the file.
     assert "BatchNormalization" not in {node.op_type for node in model.graph.node}
     assert model.graph.initializer and all(t.data_location == onnx.TensorProto.DEFAULT for t in model.graph.initializer)
 
@@ -149,3 +153,55 @@ def test_executor_keeps_python38_syntax():
     source = (REPO / "edgedyn" / "runtime" / "executors" / "onnxruntime.py").read_text()
     ast.parse(source, feature_version=(3, 8))
     assert "from edgedyn." not in source.replace("from edgedyn.runtime", "")
+
+
+def _fused_ops(bundle_path: Path) -> "collections.Counter[str]":
+    """The operators onnxruntime runs after its own fusions (ORT_ENABLE_ALL) on the bundle's model file."""
+    import collections
+
+    import onnx
+    import onnxruntime
+
+    bundle = rt.Bundle(bundle_path)
+    model = bundle.read(bundle.manifest["specializations"][0]["artifacts"][-1]["files"]["model"])
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    with tempfile.TemporaryDirectory() as workdir:
+        options.optimized_model_filepath = str(Path(workdir) / "fused.onnx")
+        onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        return collections.Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+
+
+def test_transformer_block_keeps_the_ops_onnxruntime_fuses(export_onnx):
+    # Lowered from the high-level graph (the onnxruntime pipeline), not from core ATen: GELU stays one op that
+    # onnxruntime fuses, layer norms stay LayerNormalization (SkipLayerNormalization with the residual add).
+    ops = _fused_ops(export_onnx("transformer_block"))
+    assert ops["Gelu"] + ops["BiasGelu"] == 1, ops
+    assert ops["LayerNormalization"] + ops["SkipLayerNormalization"] == 2, ops
+    assert not {"Erf", "ReduceMean", "Pow", "Sqrt"} & set(ops), ops
+
+
+def test_every_backend_names_a_registered_pipeline_and_onnxruntime_keeps_high_level_ops():
+    from edgedyn.registry import BACKENDS
+    from edgedyn.passes import HIGH_LEVEL, PIPELINES
+
+    assert all(record.pipeline in PIPELINES for record in BACKENDS.values())
+    assert BACKENDS["onnxruntime"].pipeline in HIGH_LEVEL
+    assert all(BACKENDS[name].pipeline == "default" for name in ("portable", "tflite", "tvm"))
+
+
+def test_a_file_onnxruntime_cannot_reopen_is_replaced_by_the_exported_model():
+    import onnx
+    import onnxruntime
+
+    from edgedyn.backends.onnxruntime import _loadable
+
+    class Refusing:
+        SessionOptions, GraphOptimizationLevel = onnxruntime.SessionOptions, onnxruntime.GraphOptimizationLevel
+
+        @staticmethod
+        def InferenceSession(*args, **kwargs):
+            raise RuntimeError("AddInitializedOrtValue Attempt to replace the existing tensor")
+
+    optimized, exported = onnx.ModelProto(), onnx.ModelProto()
+    assert _loadable(Refusing, optimized, exported) == (exported, "none")

@@ -254,3 +254,79 @@ def test_metrics_and_gate_parsing():
     assert parse_gate("top1=100").to_dict() == {"top1_drop": 1.0}
     with pytest.raises(EdgedynError, match="keys are top1, cosine, max_abs"):
         parse_gate("accuracy=1%")
+
+
+def _graph_with_every_kind_of_node():
+    """Conv -> Add (residual, two activations) -> Sigmoid -> MatMul: one node of each group the search keeps."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "w")
+    matrix = numpy_helper.from_array(np.ones((8, 8), np.float32), "m")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Add", ["c", "x"], ["r"], name="residual"),
+             helper.make_node("Sigmoid", ["r"], ["s"], name="sigmoid"),
+             helper.make_node("MatMul", ["s", "m"], ["y"], name="head")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [weight, matrix])
+    return helper.make_model(graph)
+
+
+@pytest.mark.parametrize("cosines, method, kept, attempts", [
+    # MinMax reaches the target: nothing else is tried.
+    ({("minmax", 0): 0.995}, "minmax", [], 1),
+    # MinMax misses; Percentile is the best method, and keeping the sensitive ops, then the residual add, in float
+    # reaches the target: the search stops there, before the first and last layers.
+    ({("minmax", 0): 0.95, ("percentile", 0): 0.97, ("entropy", 0): 0.96, ("percentile", 1): 0.985,
+      ("percentile", 2): 0.992}, "percentile", ["sigmoid", "residual"], 5),
+    # Nothing reaches it: the most accurate attempt is kept (the gate then fails the export with its numbers).
+    ({("minmax", 0): 0.5, ("percentile", 0): 0.4, ("entropy", 0): 0.3, ("minmax", 1): 0.6, ("minmax", 2): 0.7,
+      ("minmax", 4): 0.65}, "minmax", ["sigmoid", "residual"], 6),
+])
+def test_the_search_keeps_ops_in_float_until_the_target_is_met(monkeypatch, cosines, method, kept, attempts):
+    from edgedyn.quantize import Quantization, sensitivity
+
+    model = _graph_with_every_kind_of_node()
+    monkeypatch.setattr(sensitivity, "_run", lambda m, names, batches: m)  # a "model" here is its Attempt
+    monkeypatch.setattr(sensitivity, "_cosine", lambda got, want: cosines[got.method, len(got.kept)]
+                        if isinstance(got, sensitivity.Attempt) else 1.0)
+    quantization = Quantization(mode="int8", calibration=[[np.ones((1, 4, 8, 8), np.float32)]] * 8)
+    found = sensitivity.search(onnx_module(), model, quantization, ["x"], lambda how: how)
+    assert found.chosen.scheme == "static" and found.chosen.method == method
+    assert found.chosen.excluded == kept
+    assert len(found.search) == (attempts if attempts > 1 else 0)
+    assert all(entry["batches"] == 2 for entry in found.search)  # the last quarter of the calibration batches
+    assert {e["why"] for e in found.chosen.float_ops_record()} <= {
+        "sensitive to int8 (normalization/activation)", "residual add: the sum spans both inputs' ranges"}
+
+
+def onnx_module():
+    import onnx
+
+    return onnx
+
+
+def test_an_encoder_gets_dynamic_int8_matmul_that_matches_torch_on_fresh_inputs(tmp_path):
+    import torch
+
+    from conftest import torch_model
+
+    path = edgedyn.export(str(EXAMPLES / "transformer_block.py:TransformerBlock"), inputs=["x=1x32x64"],
+                          backend="onnxruntime", quantize="int8", calibration=calibration((1, 32, 64)),
+                          output=tmp_path / "block.edgedyn")
+    (record,) = quantization_records(path)
+    assert record["scheme"].startswith("dynamic: MatMul/Gemm weights int8")
+    assert record["float_ops"] == [] and "MatMulInteger" in record["onnx_ops"]
+    x = np.random.default_rng(123).standard_normal((1, 32, 64)).astype(np.float32)
+    with torch.no_grad():
+        want = torch_model("transformer_block")(torch.from_numpy(x)).numpy()
+    assert output_metrics([edgedyn.runtime.load(path)(x)], [want])["cosine"] > 0.99
+
+
+def test_what_stayed_in_float_reads_as_words():
+    from edgedyn.quantize.plan import float_ops_text
+
+    assert float_ops_text([]) == "none (every quantizable op is int8)"
+    kept = [{"node": "a", "op": "Softmax", "why": "sensitive"}, {"node": "b", "op": "Softmax", "why": "sensitive"},
+            {"node": "c", "op": "Conv", "why": "first layer"}]
+    assert float_ops_text(kept) == "Softmax x2 (sensitive); Conv x1 (first layer)"

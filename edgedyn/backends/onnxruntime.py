@@ -1,7 +1,7 @@
 """ONNX Runtime: export the graph to ONNX at its fixed shapes, pre-optimize it portably, and bundle the .onnx file.
 
-The model file is plain ONNX (opset 18, IR 8, weights inside the file: no pickle, no external data), so one
-artifact runs on any CPU architecture and any onnxruntime >= 1.16 with the execution providers the board has.
+The model file is plain ONNX (opset 20, IR 9, weights inside the file: no pickle, no external data), so one
+artifact runs on any CPU architecture and any onnxruntime >= 1.17 with the execution providers the board has.
 """
 import tempfile
 from pathlib import Path
@@ -12,12 +12,13 @@ from edgedyn.boards import Board
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.runtime.program import FP32_TOLERANCE
 
-# Opset 18 needs IR version 8; onnxruntime runs it since 1.14 (pyproject asks for >= 1.16, checked with 1.16.3):
-# old enough for the boards' wheels (Python 3.8 on aarch64 stops at onnxruntime 1.19), new enough for
-# LayerNormalization & co.
-OPSET = 18
-IR_VERSION = 8
-MIN_ONNXRUNTIME = "1.16"
+# Opset 20 (IR version 9) is the first with a Gelu operator: torch's exporter writes aten.gelu as one node, which
+# onnxruntime fuses with the MatMul/Add around it; at opset 18 the Erf expansion it writes is not fused (BERT-tiny
+# and ViT: 2 and 4 Gelu left as Div/Erf/Mul). onnxruntime runs opset 20 since 1.17: old enough for the boards'
+# wheels (Python 3.8 on aarch64 stops at onnxruntime 1.19). The manifest's `requires` carries that minimum.
+OPSET = 20
+IR_VERSION = 9
+MIN_ONNXRUNTIME = "1.17"
 # protobuf cannot serialize a message over 2 GiB; weights that large would need ONNX external data files.
 MAX_MODEL_BYTES = 2 ** 31 - 1
 
@@ -57,7 +58,7 @@ def lower(build: Build) -> Artifact:
     onnx, onnxruntime = _import_onnx()
     output_names = ["output_{}".format(i) for i in range(len(program.graph_signature.user_outputs))]
     model = _export(onnx, program, tensor_inputs, output_names)
-    model = _optimize_offline(onnx, onnxruntime, model)
+    model, offline_level = _loadable(onnxruntime, _optimize_offline(onnx, onnxruntime, model), model)
     extra = {}  # type: Dict[str, Any]
     if quantization is not None:
         from edgedyn.quantize.onnx import quantize
@@ -75,7 +76,7 @@ def lower(build: Build) -> Artifact:
         file_names={"model": "model.onnx"},
         meta={"opset": OPSET, "ir_version": model.ir_version, "input_names": list(tensor_inputs),
               "output_names": output_names, "execution_providers": execution_providers(board),
-              "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": OFFLINE_LEVEL},
+              "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": offline_level},
               "tolerance": dict(FP32_TOLERANCE), "requires": {"python": ["onnxruntime>={}".format(MIN_ONNXRUNTIME)]},
               **extra},
     )
@@ -95,9 +96,8 @@ def _export(onnx: Any, program: Any, tensor_inputs: List[str], output_names: Lis
         raise BackendError("torch's ONNX exporter cannot convert this graph: {}".format(_first_line(error)),
                            hint="try another --backend, or report the operator named above")
     model = exported.model_proto
-    # The exporter stamps the newest IR version its onnx knows (10); nothing in an opset-18 graph needs more than
-    # 8, the lowest that opset allows, and an older runtime is then never asked to trust a newer format.
-    # Checked by hand: these files load and verify on onnxruntime 1.16.3 (docs/backends.md).
+    # The exporter stamps the newest IR version its onnx knows (10); nothing in an opset-20 graph needs more than
+    # 9, the lowest that opset allows, and an older runtime is then never asked to trust a newer format.
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     if model.ByteSize() > MAX_MODEL_BYTES:
@@ -128,6 +128,21 @@ def _optimize_offline(onnx: Any, onnxruntime: Any, model: Any) -> Any:
     optimized.producer_name, optimized.producer_version = model.producer_name, model.producer_version
     onnx.checker.check_model(optimized)
     return optimized
+
+
+def _loadable(onnxruntime: Any, optimized: Any, exported: Any) -> Tuple[Any, str]:
+    """(the offline-optimized model, OFFLINE_LEVEL) when onnxruntime opens it with every optimization on (as the
+    board does), else (the exported one, "none"): onnxruntime then optimizes it once, at load."""
+    # Seen with onnxruntime 1.32 on a BERT encoder fed embeddings: a basic-optimized file failed to load at
+    # ORT_ENABLE_ALL ("AddInitializedOrtValue Attempt to replace the existing tensor"), the exported one loaded.
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 4
+    try:
+        onnxruntime.InferenceSession(optimized.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return optimized, OFFLINE_LEVEL
+    except Exception:  # onnxruntime raises its own pybind Fail/RuntimeException types
+        return exported, "none"
 
 
 def _first_line(error: BaseException) -> str:

@@ -115,6 +115,10 @@ def _quantization(record: Dict[str, Any]) -> None:
     """The int8 summary: scheme, weight bytes before and after, and agreement with torch eager per output."""
     weights = record.get("weights", {})
     out.print("  quantization  {} ({}): {}".format(record["mode"], record["backend"], record.get("scheme", "")))
+    if "float_ops" in record:
+        from edgedyn.quantize.plan import float_ops_text
+
+        out.print("  kept float    {}".format(float_ops_text(record["float_ops"])))
     if weights:
         before, after = weights["fp32_bytes"], weights["quantized_bytes"]
         out.print("  weights       fp32 {} -> {} {} ({:.1f}x smaller)".format(

@@ -30,6 +30,8 @@ class Quantization:
     mode: str
     calibration: List[List[np.ndarray]] = field(default_factory=list, compare=False)
     source: str = ""
+    # The cosine to torch eager the backend aims for while choosing what to keep in float (the gate's bound).
+    target_cosine: float = 0.99
 
     def __post_init__(self) -> None:
         check_mode(self.mode)

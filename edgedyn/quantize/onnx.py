@@ -18,7 +18,6 @@ from typing import Any, Dict, Iterator, List, Tuple
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.quantize.accuracy import INT8_TOLERANCE
 
-IR_VERSION = 8
 
 
 def quantize(onnx: Any, model: Any, quantization: Any, input_names: List[str]) -> Tuple[Any, Dict[str, Any]]:
@@ -40,32 +39,59 @@ def quantize(onnx: Any, model: Any, quantization: Any, input_names: List[str]) -
 
 def _quantize(onnx: Any, model: Any, quantization: Any, input_names: List[str], ort_quantization: Any,
               before: int) -> Tuple[Any, Dict[str, Any]]:
-    QuantFormat, QuantType = ort_quantization.QuantFormat, ort_quantization.QuantType
+    from edgedyn.quantize import sensitivity
+
     with tempfile.TemporaryDirectory(prefix="edgedyn-quantize-") as workdir:
-        source, target = Path(workdir) / "float.onnx", Path(workdir) / "int8.onnx"
+        source = Path(workdir) / "float.onnx"
         onnx.save(model, str(source))
+        attempt = _attempt_builder(onnx, ort_quantization, quantization, input_names, source, Path(workdir))
         try:
             if quantization.static:
-                ort_quantization.quantize_static(
-                    str(source), str(target), _Reader(quantization.calibration, input_names),
-                    quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, calibrate_method=ort_quantization.CalibrationMethod.MinMax)
-                scheme = "static QDQ: weights int8 per output channel, activations uint8 per tensor (MinMax)"
+                found = sensitivity.search(onnx, model, quantization, input_names, attempt)
             else:
-                ort_quantization.quantize_dynamic(str(source), str(target), per_channel=True,
-                                                  weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
-                scheme = "dynamic: MatMul/Gemm weights int8 per output channel, activations quantized at run time"
+                weights_only = sensitivity.Attempt(scheme="dynamic")
+                found = sensitivity.Found(attempt(weights_only), weights_only)
         except Exception as error:
             raise BackendError("onnxruntime's quantizer failed: {}: {}".format(type(error).__name__, error),
                                hint="try --backend tflite, or report this with EDGEDYN_DEBUG=1 output")
-        quantized = onnx.load(str(target))
-    quantized.ir_version = IR_VERSION
+    quantized = found.model
+    quantized.ir_version = model.ir_version  # the quantizer stamps its onnx's newest; keep the backend's
     onnx.checker.check_model(quantized)
     ops = sorted({node.op_type for node in quantized.graph.node})
-    return quantized, {
-        "mode": quantization.mode, "backend": "onnxruntime", "scheme": scheme,
+    record = {
+        "mode": quantization.mode, "backend": "onnxruntime", "scheme": found.chosen.describe(),
         "weights": {"fp32_bytes": before, "quantized_bytes": _initializer_bytes(quantized)},
-        "onnx_ops": ops, "tolerance": dict(INT8_TOLERANCE)}
+        "onnx_ops": ops, "tolerance": dict(INT8_TOLERANCE), "float_ops": found.chosen.float_ops_record()}
+    if found.search:
+        record["search"] = found.search
+    return quantized, record
+
+
+def _attempt_builder(onnx: Any, ort_quantization: Any, quantization: Any, input_names: List[str], source: Path,
+                     workdir: Path) -> Any:
+    """A function quantizing the float model as one Attempt says (scheme, calibration method, nodes kept float)."""
+    QuantFormat, QuantType = ort_quantization.QuantFormat, ort_quantization.QuantType
+    methods = {"minmax": ort_quantization.CalibrationMethod.MinMax,
+               "percentile": ort_quantization.CalibrationMethod.Percentile,
+               "entropy": ort_quantization.CalibrationMethod.Entropy}
+    counter = [0]
+
+    def attempt(how: Any) -> Any:
+        counter[0] += 1
+        target = workdir / "int8-{}.onnx".format(counter[0])
+        if how.scheme == "dynamic":
+            ort_quantization.quantize_dynamic(str(source), str(target), per_channel=True, weight_type=QuantType.QInt8,
+                                              op_types_to_quantize=["MatMul", "Gemm"],
+                                              nodes_to_exclude=list(how.excluded))
+        else:
+            ort_quantization.quantize_static(
+                str(source), str(target), _Reader(quantization.calibration, input_names),
+                quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8, calibrate_method=methods[how.method],
+                nodes_to_exclude=list(how.excluded))
+        return onnx.load(str(target))
+
+    return attempt
 
 
 class _Reader:

@@ -29,7 +29,8 @@ class Plan:
         batches = []  # type: List[List[np.ndarray]]
         if self.mode == "int8" and self.calibration is not None:
             batches = calibration_data.batches(self.calibration, *_shapes(spec), names=spec.tensor_inputs)
-        return Quantization(mode=self.mode, calibration=batches,
+        gate = self.gate if self.gate is not None and self.gate.min_cosine is not None else DEFAULT_GATE
+        return Quantization(mode=self.mode, calibration=batches, target_cosine=gate.min_cosine,
                             source=self.calibration.source if self.calibration else "")
 
     def evaluation_batches(self, spec: Any) -> Tuple[List[List[np.ndarray]], str]:
@@ -110,6 +111,18 @@ def _shapes(spec: Any) -> Tuple[List[List[int]], List[Any]]:
     return [list(t.shape) for t in spec.example_tensors], [t.numpy().dtype for t in spec.example_tensors]
 
 
+def float_ops_text(kept: List[Dict[str, str]]) -> str:
+    """What the quantizer kept in float and why, grouped: `Softmax x2, LayerNormalization x4 (sensitive ...)`."""
+    if not kept:
+        return "none (every quantizable op is int8)"
+    groups = {}  # type: Dict[str, Dict[str, int]]
+    for entry in kept:
+        ops = groups.setdefault(entry["why"], {})
+        ops[entry["op"]] = ops.get(entry["op"], 0) + 1
+    return "; ".join("{} ({})".format(", ".join("{} x{}".format(op, n) for op, n in sorted(ops.items())), why)
+                     for why, ops in groups.items())
+
+
 def summary(artifact_record: Dict[str, Any]) -> Optional[str]:
     """One line for people: mode, weights before and after, and the agreement numbers."""
     record = artifact_record.get("quantization")
@@ -119,6 +132,8 @@ def summary(artifact_record: Dict[str, Any]) -> Optional[str]:
     parts = ["{} ({})".format(record["mode"], artifact_record["backend"])]
     if weights:
         parts.append("weights {} -> {} bytes".format(weights.get("fp32_bytes"), weights.get("quantized_bytes")))
+    if "float_ops" in record:
+        parts.append("kept in float: " + float_ops_text(record["float_ops"]))
     for output in record.get("accuracy", {}).get("outputs", []):
         parts.append("{}: max abs error {:.4g}, cosine {:.5f}{}".format(
             output["name"], output["max_abs_error"], output["cosine"],

@@ -11,6 +11,7 @@ from edgedyn.runtime.devices import gpu_unusable_reason
 from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, GuardError, MissingDependencyError,
                                     PlatformError)
 from edgedyn.runtime.executors import executor_class
+from edgedyn.runtime.fastpath import FastDispatch
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
 
 log = logging.getLogger("edgedyn.runtime")
@@ -81,6 +82,7 @@ class Program:
             has_gpu_code = any(a.get("device", "cpu") != "cpu" for a in spec.record["artifacts"])
             fell_back = has_gpu_code and spec.artifact.get("device", "cpu") == "cpu" and device != "cpu"
             log.log(logging.WARNING if fell_back else logging.INFO, "edgedyn: %s", spec.selection())
+        self._fast = FastDispatch(self.signature, self.specializations)
         self.init_ms = (time.perf_counter() - started) * 1000.0
 
     def _choose_artifact(self, spec: Specialization, device: str, threads: Optional[int]) -> None:
@@ -130,10 +132,14 @@ class Program:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the matching specialization; safe to call from any number of threads at once (see threads.py)."""
-        spec, values = self.dispatch(*args, **kwargs)
+        fast = None if kwargs else self._fast.match(args)  # the common call, decided without binding
+        if fast is not None:
+            spec, arrays = fast
+        else:
+            spec, values = self.dispatch(*args, **kwargs)
+            arrays = [np.ascontiguousarray(values[name]) for name in spec.inputs]
         try:
-            flat = spec.executor.run([np.ascontiguousarray(values[name]) for name in spec.inputs])
-            return build_outputs(spec.output_tree, flat)
+            return build_outputs(spec.output_tree, spec.executor.run(arrays))
         except EdgedynError:
             raise
         except Exception as error:  # the arguments passed every guard: the artifact itself is at fault

@@ -1,0 +1,471 @@
+"""edgedyn's speed against what a user would run instead, per model, each variant in its own process.
+
+    python benchmarks/speed.py                                  # every model below, every variant
+    python benchmarks/speed.py --models bert-tiny,two-inputs --rounds 3 --seconds 2
+    python benchmarks/speed.py --models zoo:resnet18            # a model of edgedyn.zoo (when installed)
+
+Variants: edgedyn fp32 (`--backend auto` unless --edgedyn-backend says otherwise) and int8 (`--quantize int8`,
+calibrated on random inputs, gated at cosine 0.99), onnxruntime-direct (`torch.onnx.export(model, dynamo=True)`,
+default session options), onnxruntime with its transformer optimizer (encoders), ExecuTorch with XNNPACK (fp32 and
+int8 PT2E), torch eager and torch.compile. Every variant is built once by this process, then timed in its own
+worker process (onnxruntime's spinning threads slow whatever shares a process with it), in rounds that rotate the
+order; the result is the median over rounds of each worker's median. Ratios are against onnxruntime-direct.
+JSON goes to benchmarks/results/speed-*.json. The ExecuTorch variants need `pip install 'edgedyn[bench]'`.
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's edgedyn, not whichever one is installed
+RESULTS = REPO / "benchmarks" / "results"
+VARIANTS = ("edgedyn-fp32", "edgedyn-int8", "onnxruntime-direct", "onnxruntime-transformer-optimizer",
+            "executorch-xnnpack-fp32", "executorch-xnnpack-int8", "torch-eager", "torch-compile")
+CALIBRATION_SAMPLES, EVAL_SAMPLES = 64, 32
+
+
+# --- models: name -> builder returning (module in eval mode, example inputs, kind) ---
+
+def _example(reference: str, shapes: Tuple[Tuple[int, ...], ...]) -> Callable[[], Tuple[Any, tuple, str]]:
+    def build() -> Tuple[Any, tuple, str]:
+        import torch
+
+        path, name = reference.split(":")
+        spec = importlib.util.spec_from_file_location("example_" + name, str(REPO / "examples" / path))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        model = getattr(module, name)()
+        kind = "encoder" if "transformer" in path else "cnn" if "mobilenet" in path else "other"
+        torch.manual_seed(0)
+        return model.eval(), tuple(torch.randn(shape) for shape in shapes), kind
+    return build
+
+
+def _rerandomize(model: Any) -> Any:
+    """Random-init CNNs from transformers give near-constant logits (zero heads, unit BN statistics): without
+    this, accuracy numbers mean nothing."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            torch.nn.init.kaiming_normal_(module.weight, generator=generator)
+        elif isinstance(module, torch.nn.BatchNorm2d):
+            with torch.no_grad():
+                module.running_mean.normal_(0, 0.1, generator=generator)
+                module.running_var.uniform_(0.5, 1.5, generator=generator)
+                module.weight.uniform_(0.5, 1.5, generator=generator)
+                module.bias.normal_(0, 0.1, generator=generator)
+        elif isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, 0, 1 / math.sqrt(module.in_features), generator=generator)
+    return model
+
+
+def _logits(inner: Any) -> Any:
+    import torch
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: Any) -> Any:
+            return self.inner(x).logits
+
+    return Logits().eval()
+
+
+def _vit() -> Tuple[Any, tuple, str]:
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    config = ViTConfig(hidden_size=192, num_hidden_layers=4, num_attention_heads=3, intermediate_size=768,
+                       image_size=224, patch_size=16, num_labels=1000)
+    return _logits(ViTForImageClassification(config).eval()), (torch.randn(1, 3, 224, 224),), "encoder"
+
+
+def _bert() -> Tuple[Any, tuple, str]:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: Any) -> Any:
+            return self.inner(inputs_embeds=x).last_hidden_state
+
+    torch.manual_seed(0)
+    config = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
+    # Embeddings as the input (float): the accuracy gate and calibration need float inputs to vary.
+    return Hidden(BertModel(config, add_pooling_layer=False).eval()).eval(), (torch.randn(1, 32, 128),), "encoder"
+
+
+def _mobilenet_v2_224() -> Tuple[Any, tuple, str]:
+    import torch
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    torch.manual_seed(0)
+    model = _rerandomize(MobileNetV2ForImageClassification(MobileNetV2Config(image_size=224, num_labels=1000)))
+    return _logits(model.eval()), (torch.randn(1, 3, 224, 224),), "cnn"
+
+
+def _resnet18() -> Tuple[Any, tuple, str]:
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    config = ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512], layer_type="basic", num_labels=1000)
+    return _logits(_rerandomize(ResNetForImageClassification(config)).eval()), (torch.randn(1, 3, 224, 224),), "cnn"
+
+
+def _two_inputs() -> Tuple[Any, tuple, str]:
+    """The per-call overhead case: almost no compute, two tensor arguments."""
+    import torch
+
+    class TwoInputs(torch.nn.Module):
+        def forward(self, a: Any, b: Any) -> Any:
+            return torch.relu(a * b) + a
+
+    torch.manual_seed(0)
+    return TwoInputs().eval(), (torch.randn(1, 16), torch.randn(1, 16)), "call"
+
+
+MODELS = {
+    "mobilenet_v2": _example("mobilenet_v2.py:MobileNetV2", ((1, 3, 96, 96),)),
+    "transformer_block": _example("transformer_block.py:TransformerBlock", ((1, 32, 64),)),
+    "mlp": _example("mlp.py:MLP", ((1, 64),)),
+    "two-inputs": _two_inputs,
+    "hf-mobilenet_v2-224": _mobilenet_v2_224,
+    "hf-resnet18": _resnet18,
+    "hf-vit-tiny-4l": _vit,
+    "hf-bert-tiny-32": _bert,
+}  # type: Dict[str, Callable[[], Tuple[Any, tuple, str]]]
+
+
+def build_model(name: str) -> Tuple[Any, tuple, str]:
+    """(model, example inputs, kind) for a name of MODELS or `zoo:NAME` (edgedyn.zoo's `load(name)`)."""
+    if name.startswith("zoo:"):
+        from edgedyn import zoo  # type: ignore[attr-defined]
+
+        model, inputs = zoo.load(name[4:])[:2]
+        kind = getattr(zoo, "kind", lambda n: "other")(name[4:])
+        return model.eval(), tuple(inputs), kind
+    return MODELS[name]()
+
+
+def variants_for(kind: str, wanted: List[str]) -> List[str]:
+    """The variants that apply to a model kind: no int8 for the call-overhead model, the transformer optimizer
+    only for encoders."""
+    chosen = []
+    for variant in wanted:
+        if kind == "call" and ("int8" in variant or variant.startswith("executorch")):
+            continue
+        if variant == "onnxruntime-transformer-optimizer" and kind != "encoder":
+            continue
+        chosen.append(variant)
+    return chosen
+
+
+# --- building each variant's file (in this process) ---
+
+def _random_samples(inputs: tuple, count: int, seed: int) -> List[tuple]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [tuple(rng.standard_normal(tuple(t.shape)).astype(np.float32) for t in inputs) for _ in range(count)]
+
+
+def prepare(variant: str, name: str, workdir: Path, args: argparse.Namespace) -> Dict[str, Any]:
+    """Writes the files a worker needs for one variant; returns what the worker reads and what was recorded."""
+    import torch
+
+    model, inputs, kind = build_model(name)
+    base = workdir / "{}-{}".format(name, variant)
+    task = {"variant": variant, "model": name}  # type: Dict[str, Any]
+    if variant.startswith("edgedyn-"):
+        import edgedyn
+        from edgedyn.runtime import read_manifest
+
+        options = {}  # type: Dict[str, Any]
+        if variant == "edgedyn-int8":
+            options = dict(quantize="int8", calibration=_random_samples(inputs, CALIBRATION_SAMPLES, 1),
+                           eval_inputs=_random_samples(inputs, EVAL_SAMPLES, 2))
+        path = edgedyn.export(model, inputs, board="x86-64", backend=args.edgedyn_backend,
+                              output=str(base) + ".edgedyn", **options)
+        task["bundle"] = str(path)
+        artifact = read_manifest(path)["specializations"][0]["artifacts"][-1]
+        task["recorded"] = {"backend": artifact["backend"], "selection": artifact.get("selection")}
+        if "quantization" in artifact:
+            quantization = artifact["quantization"]
+            task["recorded"]["int8"] = {
+                "scheme": quantization.get("scheme"), "float_ops": quantization.get("float_ops"),
+                "cosine": [o["cosine"] for o in quantization["accuracy"]["outputs"]]}
+    elif variant.startswith("onnxruntime-"):
+        direct = str(base) + ".onnx"
+        with torch.no_grad():
+            torch.onnx.export(model, inputs, direct, dynamo=True, verbose=False)
+        task["onnx"] = direct
+        if variant == "onnxruntime-transformer-optimizer":
+            from onnxruntime.transformers import optimizer
+
+            optimized = optimizer.optimize_model(direct, model_type="bert", num_heads=0, hidden_size=0)
+            task["onnx"] = str(base) + "-optimized.onnx"
+            optimized.save_model_to_file(task["onnx"])
+            task["recorded"] = {"fused": {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}}
+    elif variant.startswith("executorch-"):
+        task["pte"] = _executorch(model, inputs, kind, variant.endswith("int8"), str(base) + ".pte")
+    elif variant not in ("torch-eager", "torch-compile"):
+        raise ValueError("unknown variant {!r}".format(variant))
+    return task
+
+
+def _executorch(model: Any, inputs: tuple, kind: str, int8: bool, path: str) -> str:
+    """An ExecuTorch program lowered to XNNPACK; int8 through PT2E (static per-channel for CNNs, dynamic for
+    encoders, as XNNPACK recommends)."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    program = torch.export.export(model, inputs, strict=False)
+    if int8:
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer, get_symmetric_quantization_config)
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        quantizer = XNNPACKQuantizer().set_global(
+            get_symmetric_quantization_config(is_per_channel=True, is_dynamic=kind == "encoder"))
+        prepared = prepare_pt2e(program.module(), quantizer)
+        for sample in _random_samples(inputs, 16, 1):
+            prepared(*[torch.from_numpy(a) for a in sample])
+        program = torch.export.export(convert_pt2e(prepared), inputs, strict=False)
+    lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+    Path(path).write_bytes(lowered.buffer)
+    return path
+
+
+# --- the worker: one variant, one process ---
+
+def build_call(task: Dict[str, Any], threads: int) -> Tuple[Callable[[], Any], Callable[[], List[Any]]]:
+    """(a no-argument call running one inference, a function returning the outputs on fresh inputs as numpy)."""
+    import numpy as np
+
+    variant = task["variant"]
+    inputs = [np.load(task["inputs"])["arg{}".format(i)] for i in range(task["arity"])]
+    if variant.startswith("edgedyn-"):
+        import edgedyn.runtime as rt
+
+        program = rt.load(task["bundle"], threads=threads)
+        return (lambda: program(*inputs)), (lambda: _as_list(program(*inputs)))
+    if variant.startswith("onnxruntime-"):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(task["onnx"], options, providers=["CPUExecutionProvider"])
+        feed = {i.name: a for i, a in zip(session.get_inputs(), inputs)}
+        return (lambda: session.run(None, feed)), (lambda: session.run(None, feed))
+    import torch
+
+    torch.set_num_threads(threads)
+    tensors = [torch.from_numpy(a) for a in inputs]
+    if variant.startswith("executorch-"):
+        from executorch.runtime import Runtime
+
+        method = Runtime.get().load_program(task["pte"]).load_method("forward")
+        return (lambda: method.execute(tensors)), (lambda: [t.numpy() for t in method.execute(tensors)])
+    model = build_model(task["model"])[0]
+    if variant == "torch-compile":
+        model = torch.compile(model, backend="inductor")
+
+    def call() -> Any:
+        with torch.inference_mode():
+            return model(*tensors)
+
+    return call, lambda: [t.numpy() for t in _as_list(call())]
+
+
+def _as_list(value: Any) -> List[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def worker(task_path: str) -> None:
+    task = json.loads(Path(task_path).read_text())
+    result = {}  # type: Dict[str, Any]
+    try:
+        call, outputs = build_call(task, task["threads"])
+        for _ in range(5):
+            call()
+        times = []  # type: List[float]
+        deadline = time.perf_counter() + task["seconds"]
+        while len(times) < 10 or time.perf_counter() < deadline:
+            started = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - started) * 1000.0)
+        result = {"median_ms": statistics.median(times), "calls": len(times)}
+        if task.get("reference"):
+            import numpy as np
+
+            got = np.asarray(outputs()[0], np.float64).ravel()
+            want = np.load(task["reference"])["out0"].astype(np.float64).ravel()
+            result["cosine"] = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want) or 1.0))
+    except Exception as error:  # a variant that fails is reported, the run goes on
+        result = {"error": "{}: {}".format(type(error).__name__, str(error).splitlines()[0] if str(error) else "")}
+    print("RESULT " + json.dumps(result))
+
+
+def run_worker(task: Dict[str, Any], workdir: Path) -> Dict[str, Any]:
+    path = workdir / "task.json"
+    path.write_text(json.dumps(task))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if line is None:
+        return {"error": "worker exited {}: {}".format(done.returncode, done.stderr.strip().splitlines()[-1:])}
+    return json.loads(line[len("RESULT "):])
+
+
+# --- the run ---
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> Dict[str, Any]:
+    import numpy as np
+    import torch
+
+    model, inputs, kind = build_model(name)
+    fresh = [a.astype(np.float32) for a in _random_samples(inputs, 1, 99)[0]]
+    with torch.no_grad():
+        reference = _as_list(model(*[torch.from_numpy(a) for a in fresh]))[0].numpy()
+    np.savez(str(workdir / "inputs.npz"), **{"arg{}".format(i): a for i, a in enumerate(fresh)})
+    np.savez(str(workdir / "reference.npz"), out0=reference)
+    tasks, record = {}, {"kind": kind, "variants": {}}  # type: Dict[str, Dict[str, Any]], Dict[str, Any]
+    for variant in variants_for(kind, args.variants):
+        print("[{}] building {}".format(name, variant), file=sys.stderr, flush=True)
+        try:
+            tasks[variant] = dict(prepare(variant, name, workdir, args), inputs=str(workdir / "inputs.npz"),
+                                  arity=len(fresh), reference=str(workdir / "reference.npz"),
+                                  threads=args.threads, seconds=args.seconds)
+        except Exception as error:
+            message = "{}: {}".format(type(error).__name__, (str(error).strip().splitlines() or [""])[0])
+            record["variants"][variant] = {"error": message[:400]}
+            if os.environ.get("EDGEDYN_DEBUG"):
+                traceback.print_exc()
+    rounds = {variant: [] for variant in tasks}  # type: Dict[str, List[Dict[str, Any]]]
+    order = list(tasks)
+    for index in range(args.rounds):
+        rotated = order[index % len(order):] + order[:index % len(order)] if order else []
+        for variant in rotated:
+            if variant == "torch-compile" and index >= args.compile_rounds:
+                continue  # each worker compiles again: minutes on a small machine
+            rounds[variant].append(run_worker(tasks[variant], workdir))
+            print("[{}] round {} {}: {}".format(name, index + 1, variant, rounds[variant][-1]), file=sys.stderr,
+                  flush=True)
+    for variant, results in rounds.items():
+        times = [r["median_ms"] for r in results if "median_ms" in r]
+        entry = {"rounds_ms": [round(t, 4) for t in times], "recorded": tasks[variant].get("recorded")}
+        if times:
+            entry["median_ms"] = statistics.median(times)
+            entry["cosine"] = next((r["cosine"] for r in results if "cosine" in r), None)
+        errors = [r["error"] for r in results if "error" in r]
+        if errors:
+            entry["error"] = errors[0]
+        record["variants"][variant] = entry
+    direct = record["variants"].get("onnxruntime-direct", {}).get("median_ms")
+    for entry in record["variants"].values():
+        if direct and entry.get("median_ms"):
+            entry["speedup_vs_onnxruntime_direct"] = direct / entry["median_ms"]
+    return record
+
+
+def table(results: Dict[str, Any]) -> str:
+    """A markdown table: per model, each variant's median (ms) and its speed-up over onnxruntime-direct."""
+    columns = [v for v in VARIANTS if any(v in r["variants"] for r in results["models"].values())]
+    lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for name, record in results["models"].items():
+        cells = []
+        for variant in columns:
+            entry = record["variants"].get(variant)
+            if entry is None:
+                cells.append("-")
+            elif "median_ms" not in entry:
+                cells.append("failed")
+            else:
+                ratio = entry.get("speedup_vs_onnxruntime_direct")
+                cells.append("{:.4g}{}".format(entry["median_ms"], " ({:.2f}x)".format(ratio) if ratio else ""))
+        lines.append("| {} | {} |".format(name, " | ".join(cells)))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names, or zoo:NAME")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per worker")
+    parser.add_argument("--edgedyn-backend", default="auto")
+    parser.add_argument("--compile-rounds", type=int, default=1, help="rounds for torch-compile (it compiles anew "
+                        "in each worker)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        parser.error("unknown variant(s) {}; choose from: {}".format(", ".join(unknown), ", ".join(VARIANTS)))
+    import onnxruntime
+    import torch
+
+    results = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "cpu": cpu_model(), "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds,
+               "seconds_per_worker": args.seconds, "edgedyn_backend": args.edgedyn_backend,
+               "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+                            "python": platform.python_version()},
+               "models": {}}  # type: Dict[str, Any]
+    try:
+        import executorch  # noqa: F401
+        from importlib.metadata import version
+
+        results["versions"]["executorch"] = version("executorch")
+    except ImportError:
+        pass
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "speed-{}.json".format(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    for name in [m for m in args.models.split(",") if m]:
+        with tempfile.TemporaryDirectory(prefix="edgedyn-speed-") as workdir:
+            results["models"][name] = bench_model(name, args, Path(workdir))
+        out.write_text(json.dumps(results, indent=2, sort_keys=True))  # after each model: a long run keeps its part
+    print("{} ({} threads, median of {} rounds, each variant in its own process)".format(
+        results["cpu"], args.threads, args.rounds))
+    print(table(results))
+    print("results: {}".format(out.relative_to(REPO)))
+
+
+if __name__ == "__main__":
+    main()
