@@ -78,6 +78,31 @@ def test_run_an_image_through_a_classifier_prints_the_top_classes(run_cli, expor
     assert re.search(r"#1 class {} +score".format(top[0]["class"]), result.stdout)
 
 
+def test_run_an_image_through_a_zoo_classifier_prints_its_top_classes(run_cli, tmp_path):
+    # A transformers ResNet as users hold it (edgedyn.zoo): its output is named `logits`, its input `pixel_values`.
+    import torch
+    from PIL import Image
+
+    import edgedyn
+    from edgedyn import zoo
+
+    model = zoo.build("resnet")
+    bundle = edgedyn.export(model, zoo.example_inputs("resnet", seed=0), board="x86-64", backend="onnxruntime",
+                            output=tmp_path / "resnet.edgedyn")
+    _png(tmp_path / "dog.png", np.random.default_rng(5), size=96)
+    result = run_cli("run", str(bundle), "-i", "pixel_values={}".format(tmp_path / "dog.png"), "--print-top", "5",
+                     "--json", str(tmp_path / "top.json"))
+    assert result.returncode == 0, result.stderr
+    with Image.open(str(tmp_path / "dog.png")) as image:
+        pixels = np.asarray(image.convert("RGB").resize((64, 64), Image.BILINEAR), np.float32) / 255.0
+    x = ((pixels - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).astype(np.float32).transpose(2, 0, 1)[None]
+    with torch.no_grad():
+        logits = model(pixel_values=torch.from_numpy(np.ascontiguousarray(x))).logits[0].numpy()
+    top = json.loads((tmp_path / "top.json").read_text())["outputs"]["logits"]["top"]
+    assert [item["class"] for item in top] == list(np.argsort(-logits)[:5])
+    assert re.search(r"#1 class {} +score".format(top[0]["class"]), result.stdout)
+
+
 def test_an_image_without_pillow_names_the_install(run_cli, export_example, tmp_path):
     blocker = tmp_path / "no_pillow" / "PIL"
     blocker.mkdir(parents=True)
