@@ -2,13 +2,13 @@
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import err, human_bytes, out
+from edgedyn.cli.common import AllBoardsOption, KeyOption, RemoteOption, err, human_bytes, out, remote_reports
 
 
 def bench_command(
@@ -29,25 +29,41 @@ def bench_command(
         "--json", help="Also write the full report as JSON to this file ('-' for stdout, without the table).")] = None,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
+    remote: RemoteOption = None,
+    key: KeyOption = None,
+    all_boards: AllBoardsOption = False,
 ) -> None:
     """Time a bundle's inference: latency percentiles, throughput, init time, peak memory, guard overhead."""
     from edgedyn.runtime.bench import BenchConfig, run_benchmark
 
-    config = BenchConfig(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
-                         threads=threads, specialization=specialization,
-                         inputs=str(inputs) if inputs is not None else None, random_inputs=random_inputs,
-                         device=device)
+    options = dict(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
+                   threads=threads, specialization=specialization, inputs=str(inputs) if inputs is not None else None,
+                   random_inputs=random_inputs, device=device)
+    config = BenchConfig(**options)  # checked here before any board is asked for
+    if remote is not None:
+        extra = {"inputs": inputs} if inputs is not None else None
+        _show(remote_reports(remote, key, bundle, "bench", options, all_boards, extra_files=extra), json_path)
+        return
     with _progress(bundle.name) as on_progress:
         report = run_benchmark(str(bundle), config, on_progress=on_progress)
-    err.print("using {}".format(report["selection"]))
-    for warning in report["warnings"]:
-        err.print("warning: {}".format(warning))
+    _show([report], json_path)
+
+
+def _show(reports: List[Dict[str, Any]], json_path: Optional[Path]) -> None:
+    """The summary of each report (one per board with --remote --all); the JSON is one report, or a list of them."""
+    for report in reports:
+        err.print("using {}{}".format(report["selection"], " on " + report["remote"]["name"]
+                                      if "remote" in report else ""))
+        for warning in report["warnings"]:
+            err.print("warning: {}".format(warning))
+    data = json.dumps(reports[0] if len(reports) == 1 else reports, indent=2, sort_keys=True) + "\n"
     if json_path is not None and str(json_path) == "-":
-        out.file.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        out.file.write(data)
         return
-    out.print(summary_table(report))
+    for report in reports:
+        out.print(summary_table(report))
     if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        json_path.write_text(data)
         err.print("wrote {}".format(json_path))
 
 
@@ -79,8 +95,8 @@ def summary_table(report: Dict[str, Any]) -> Table:
             human_bytes(report["per_call_allocations"]["output_bytes"]), report["per_call_allocations"]["measured"])),
         ("inputs", "{}: {}".format(report["inputs"]["source"], _arrays(report["inputs"]["arrays"]))),
         ("threads", str(report["threads"] or "backend default")),
-        ("board", "{} (bundle); this machine: {}, {}, {} cores".format(
-            report["board"], " ".join(p for p in (env.get("board_model"), env["machine"]) if p),
+        ("board", "{} (bundle); {}: {}, {}, {} cores".format(
+            report["board"], "board " + report["remote"]["name"] if "remote" in report else "this machine", " ".join(p for p in (env.get("board_model"), env["machine"]) if p),
             env.get("cpu_model") or "unknown CPU", env["cpu_cores"])),
         ("versions", ", ".join(["Python " + env["python"], "numpy " + env["numpy"]] + [
             "{} {}".format(name, version) for name, version in sorted(env.get("runtime_versions", {}).items())])),

@@ -10,6 +10,7 @@ from rich.text import Text
 from typing_extensions import Annotated
 
 from edgedyn.boards import Board, list_boards, load_board
+from edgedyn.fleet.server import tvm_wheel_note
 
 
 app = typer.Typer(
@@ -22,9 +23,18 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 
 @app.callback()
-def boards(ctx: typer.Context, as_json: JsonOption = False) -> None:
-    """List the boards edgedyn can target."""
+def boards(
+    ctx: typer.Context,
+    as_json: JsonOption = False,
+    remote: Annotated[Optional[str], typer.Option(
+        "--remote", help="List the fleet registered at this RPC tracker (HOST:PORT) instead: keys, free, pending.")]
+    = None,
+) -> None:
+    """List the boards edgedyn can target (or, with --remote, the boards registered at a tracker)."""
     if ctx.invoked_subcommand is not None:
+        return
+    if remote is not None:
+        _show_fleet(remote, as_json)
         return
     found = list_boards()
     if as_json:
@@ -45,6 +55,23 @@ def show(
         _print_json({"board": found.to_dict(), "targets": targets})
     else:
         typer.echo("\n".join(_describe(found)))
+
+
+def _show_fleet(remote: str, as_json: bool) -> None:
+    from edgedyn.fleet.client import fleet_summary, parse_address
+
+    keys = fleet_summary(parse_address(remote))
+    if as_json:
+        _print_json(keys)
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, caption="tracker {}".format(remote),
+                  caption_justify="left")
+    for header in ("key", "boards", "free", "pending", "servers"):
+        table.add_column(header)
+    for key, entry in sorted(keys.items()):
+        table.add_row(Text(key), str(entry["total"]), str(entry["free"]), str(entry["pending"]),
+                      Text(", ".join(entry["servers"]) or "-"))
+    _stdout().print(table)
 
 
 def _stdout() -> Console:
@@ -109,6 +136,7 @@ def _describe(board: Board) -> List[str]:
         ("jetpack", _optional(board.jetpack)),
         ("glibc", board.glibc),
         ("emulation", "-" if board.qemu_cpu is None else "qemu-aarch64-static -cpu {}".format(board.qemu_cpu)),
+        ("fleet", tvm_wheel_note(board.python) or "edgedyn serve (TVM's Python RPC server); see docs/fleet.md"),
         ("backends", ", ".join(board.backends) + " (in order of preference)"),
         ("file", str(board.path)),
     ]

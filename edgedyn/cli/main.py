@@ -9,6 +9,9 @@ from edgedyn.cli import boards
 from edgedyn.cli.bench import bench_command
 from edgedyn.cli.export import export_command
 from edgedyn.cli.inspect import inspect_command
+from edgedyn.cli.serve import serve_command
+from edgedyn.cli.tracker import tracker_command
+from edgedyn.cli.tune import tune_command
 from edgedyn.cli.verify import verify_command
 
 app = typer.Typer(
@@ -23,9 +26,12 @@ app.command("verify")(verify_command)
 app.command("inspect")(inspect_command)
 app.command("bench")(bench_command)
 app.add_typer(boards.app, name="boards")
+app.command("serve")(serve_command)
+app.command("tracker")(tracker_command)
+app.command("tune")(tune_command)
 
-# Commands that run on the board: they never compile, so TVM may load its runtime library alone.
-DEVICE_COMMANDS = ("verify", "inspect", "bench")
+# Commands that run on the board (or only talk RPC): they never compile, so TVM may load its runtime library alone.
+DEVICE_COMMANDS = ("verify", "inspect", "bench", "boards", "serve", "tracker")
 
 
 def _report(error: BaseException) -> None:

@@ -1,12 +1,12 @@
 """`edgedyn verify`: on the board, run the bundle's reference inputs and compare with torch eager's outputs."""
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import err, out, print_json
+from edgedyn.cli.common import KeyOption, RemoteOption, AllBoardsOption, err, out, print_json, remote_reports
 
 
 def verify_command(
@@ -15,21 +15,35 @@ def verify_command(
     threads: Annotated[Optional[int], typer.Option(help="Threads for the executor.")] = None,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
+    remote: RemoteOption = None,
+    key: KeyOption = None,
+    all_boards: AllBoardsOption = False,
 ) -> None:
     """Run every specialization on its reference inputs; exit 1 when an output differs beyond tolerance."""
-    import edgedyn.runtime as rt
-    from edgedyn.runtime.format import host_arch
+    from edgedyn.fleet.device import verify_report
 
-    program = rt.load(bundle, threads=threads, device=device)
-    for spec in program.specializations:
-        err.print("using {}".format(spec.selection()))
-    results = program.verify()
-    failed = [r for r in results if not r["ok"]]
-    if json_:
-        print_json({"bundle": str(bundle), "ok": not failed, "arch": host_arch(), "results": results,
-                    "selection": {s.name: {"artifact": s.artifact, "skipped": s.skipped} for s in program.specializations}})
+    if remote is None:
+        reports = [verify_report(str(bundle), threads, device)]
     else:
-        table = Table(title="verify {}".format(bundle.name))
+        reports = remote_reports(remote, key, bundle, "verify", {"threads": threads, "device": device}, all_boards)
+    failed = 0
+    for report in reports:
+        failed += _show(bundle, report, json_)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _show(bundle: Path, report: Dict[str, Any], json_: bool) -> int:
+    """Prints one board's verify report; returns how many outputs failed."""
+    results = report["results"]
+    failed = [r for r in results if not r["ok"]]
+    for line in report["using"]:
+        err.print("using {}".format(line))
+    if json_:
+        print_json({name: value for name, value in report.items() if name != "using"})
+    else:
+        table = Table(title="verify {}{}".format(bundle.name, " on " + report["remote"]["name"]
+                                                 if "remote" in report else ""))
         for column in ("specialization", "output", "artifact", "max abs err", "max rel err", "tolerance", "result"):
             table.add_column(column)
         for r in results:
@@ -39,6 +53,7 @@ def verify_command(
         out.print(table)
     if failed:
         err.print("error: {} of {} outputs differ from torch eager beyond tolerance".format(len(failed), len(results)))
-        raise typer.Exit(1)
-    err.print("verified {} output(s) of {} specialization(s) on {}".format(
-        len(results), len(program.specializations), host_arch()))
+    else:
+        err.print("verified {} output(s) of {} specialization(s) on {}".format(
+            len(results), len(report["selection"]), report.get("remote", {}).get("name") or report["arch"]))
+    return len(failed)
