@@ -17,13 +17,14 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("runtime", ("edgedyn.runtime",)),  # on the board: imports nothing else from edgedyn
     ("base", ("edgedyn.errors", "edgedyn.torch_quiet", "edgedyn.version")),
     ("registry", ("edgedyn.backends=",)),  # "=": that module alone, not its submodules
-    ("boards", ("edgedyn.boards",)),
+    ("boards", ("edgedyn.boards", "edgedyn.fleet.database", "edgedyn.fleet=")),
     ("capture", ("edgedyn.frontend", "edgedyn.zoo")),
     ("passes", ("edgedyn.passes", "edgedyn.calibration")),
     ("quantize", ("edgedyn.quantize",)),
     ("backends", ("edgedyn.backends",)),
     ("choice", ("edgedyn.selection", "edgedyn.fit", "edgedyn.bundle")),
     ("export", ("edgedyn.exporter",)),
+    ("fleet", ("edgedyn.fleet",)),
     ("interface", ("edgedyn.cli", "edgedyn.__main__", "edgedyn=")),
 ]
 # Modules a layer may import from a higher one, each with its reason. Keep this empty if you can.

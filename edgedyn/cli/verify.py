@@ -26,22 +26,21 @@ def verify_command(
         reports = [verify_report(str(bundle), threads, device)]
     else:
         reports = remote_reports(remote, key, bundle, "verify", {"threads": threads, "device": device}, all_boards)
-    failed = 0
-    for report in reports:
-        failed += _show(bundle, report, json_)
+    failed = sum(_show(bundle, report, json_) for report in reports)
+    if json_:  # one report, or one per board with --remote --all
+        shown = [{name: value for name, value in r.items() if name != "using"} for r in reports]
+        print_json(shown[0] if len(shown) == 1 else shown)
     if failed:
         raise typer.Exit(1)
 
 
 def _show(bundle: Path, report: Dict[str, Any], json_: bool) -> int:
-    """Prints one board's verify report; returns how many outputs failed."""
+    """Prints one board's verify table (unless --json) and summary line; returns how many outputs failed."""
     results = report["results"]
     failed = [r for r in results if not r["ok"]]
     for line in report["using"]:
         err.print("using {}".format(line))
-    if json_:
-        print_json({name: value for name, value in report.items() if name != "using"})
-    else:
+    if not json_:
         table = Table(title="verify {}{}".format(bundle.name, " on " + report["remote"]["name"]
                                                  if "remote" in report else ""))
         for column in ("specialization", "output", "artifact", "max abs err", "max rel err", "tolerance", "result"):
