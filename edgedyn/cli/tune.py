@@ -59,14 +59,14 @@ def _progress() -> Iterator[Callable[..., None]]:
     """Trials, best GFLOPS and elapsed time: a live bar on a terminal, a line per batch elsewhere."""
     if not err.is_terminal:
         def plain(progress: "Progress") -> None:
-            err.print("tune {}: {}/{} trials, best {:.2f} GFLOPS, {:.0f} s".format(
+            err.print("tune {}: {}/{} trials, best {:.3g} GFLOPS, {:.0f} s".format(
                 progress.specialization, progress.trials, progress.total, progress.best_gflops, progress.elapsed_s))
         yield plain
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("tune {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("best {task.fields[gflops]:.2f} GFLOPS"), TimeElapsedColumn(), console=err) as bar:
+                  TextColumn("best {task.fields[gflops]:.3g} GFLOPS"), TimeElapsedColumn(), console=err) as bar:
         task = bar.add_task("", total=None, gflops=0.0)
 
         def live(progress: "Progress") -> None:

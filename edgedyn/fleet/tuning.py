@@ -5,16 +5,24 @@ The steps are those of `relax.get_pipeline("static_shape_tuning")` (decompose, c
 tune, apply the database), called as `tune_relax` so that the runner (local or MetaSchedule's RPCRunner) and a
 progress callback can be given; the TVM backend applies the database at every later build for the target.
 MetaSchedule commits each measured batch to the JSON database as it goes, so an interrupted run keeps those trials.
+The search runs in a process of its own without torch (tune_worker.py): TVM's schedule library calls
+`inspect.stack()` for each of its kernels at import, which scans every loaded module (minutes beside torch).
 """
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from edgedyn.backends.tvm import import_relax, tuning_passes
+from edgedyn.backends.tvm import import_relax
 from edgedyn.boards import Board
-from edgedyn.errors import EdgedynError, MissingDependencyError
+from edgedyn.errors import BackendError, EdgedynError, MissingDependencyError
 from edgedyn.fleet import database
+from edgedyn.fleet.tune_worker import PROGRESS_PREFIX
 from edgedyn.runtime.format import host_arch
 
 
@@ -59,7 +67,7 @@ def tune_model(model: str, board: Board, inputs: Optional[List[str]], trials: in
         raise EdgedynError("board {} is {}, this machine is {}: tuning measures kernels on the board itself".format(
             board.name, target.arch, host_arch()),
             hint="measure on the boards through a tracker: --remote HOST:PORT --key KEY (docs/fleet.md)")
-    _require_xgboost()
+    _require_tuning_packages()
     folder = database.database_dir(target.name, root)
     folder.mkdir(parents=True, exist_ok=True)
     progress = Progress()
@@ -67,79 +75,52 @@ def tune_model(model: str, board: Board, inputs: Optional[List[str]], trials: in
     for spec in captured.specializations:
         progress.specialization = spec.name
         module, _ = import_relax(run_pipeline(spec.program, "default"))
-        _tune_module(module, target, folder, trials, per_task, remote, progress, on_progress)
+        _tune_module(module, target, board.cpu_cores, folder, trials, per_task, remote, progress, on_progress)
     return database.describe(folder) or {"database": str(folder), "records": 0}
 
 
-def _tune_module(module: Any, target: Any, folder: Path, trials: int, per_task: Optional[int],
+def _tune_module(module: Any, target: Any, cores: int, folder: Path, trials: int, per_task: Optional[int],
                  remote: Optional[Remote], progress: Progress, on_progress: Optional[OnProgress]) -> None:
-    from tvm.s_tir import meta_schedule as ms  # import_relax has checked that TVM is installed
+    """Tunes one Relax module in tune_worker.py's process, reading its progress lines as they come. MetaSchedule
+    wants the board's core count in the target (it sizes parallel loops by it); the database still serves builds
+    for the plain target (the records are looked up by kernel)."""
+    import tvm
 
-    tvm_target = target.tvm_target()
-    with tvm_target:
-        module = tuning_passes()(module)
-    progress.total += trials
-    callbacks = ms.measure_callback.MeasureCallback.create("default") + [_progress_callback(progress, on_progress)]
-    ms.relax_integration.tune_relax(
-        module, params={}, target=tvm_target, work_dir=str(folder), max_trials_global=trials,
-        max_trials_per_task=per_task or trials, num_trials_per_iter=min(64, per_task or trials),
-        runner=_runner(remote), builder=_builder(target), measure_callbacks=callbacks)
-
-
-def _runner(remote: Optional[Remote]) -> Any:
-    from tvm.s_tir import meta_schedule as ms
-
-    if remote is None:
-        return "local"
-    config = ms.runner.RPCConfig(tracker_host=remote.tracker[0], tracker_port=remote.tracker[1],
-                                 tracker_key=remote.key, session_timeout_sec=120)
-    return ms.runner.RPCRunner(rpc_config=config)
-
-
-def _builder(target: Any) -> Any:
-    from tvm.s_tir import meta_schedule as ms
-
-    if not target.cross_compiler or target.arch == host_arch():
-        return "local"
-    # A board without a compiler cannot link MetaSchedule's default .tar artifacts: link them here instead.
-    return ms.builder.LocalBuilder(f_export=_cross_export(target.cross_compiler))
-
-
-def _cross_export(compiler: str) -> Callable[[Any], str]:
-    def export(module: Any) -> str:
-        import tempfile
-
-        from tvm.support import cc
-
-        path = str(Path(tempfile.mkdtemp(prefix="edgedyn-tune-")) / "candidate.so")
-        module.export_library(path, fcompile=cc.cross_compiler(compiler))
-        return path
-    return export
+    with tempfile.TemporaryDirectory(prefix="edgedyn-tune-") as workdir:
+        request = {"module": str(Path(workdir) / "module.json"), "tvm_target": dict(target.to_dict()["tvm"], **{"num-cores": cores}), "folder": str(folder),
+                   "trials": trials, "per_task": per_task,
+                   "remote": None if remote is None else {"tracker": list(remote.tracker), "key": remote.key},
+                   "cross_compiler": target.cross_compiler if target.arch != host_arch() else None}
+        Path(request["module"]).write_text(tvm.ir.save_json(module))
+        (Path(workdir) / "request.json").write_text(json.dumps(request))
+        env = dict(os.environ)
+        env.pop("TVM_USE_RUNTIME_LIB", None)
+        worker = subprocess.Popen([sys.executable, "-m", "edgedyn.fleet.tune_worker", str(Path(workdir) / "request.json")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        base = progress.trials
+        progress.total += trials
+        assert worker.stdout is not None
+        for line in worker.stdout:
+            if line.startswith(PROGRESS_PREFIX):
+                done, best = json.loads(line[len(PROGRESS_PREFIX):])
+                progress.trials, progress.best_gflops = base + done, max(progress.best_gflops, best)
+                if on_progress is not None:
+                    on_progress(progress)
+        stderr = worker.stderr.read() if worker.stderr is not None else ""
+        if worker.wait() != 0:
+            raise BackendError("MetaSchedule failed for {}:\n{}".format(progress.specialization, _tail(stderr)),
+                               hint="the trials measured before the failure are kept in {}".format(folder))
 
 
-def _progress_callback(progress: Progress, on_progress: Optional[OnProgress]) -> Any:
-    from tvm.s_tir import meta_schedule as ms
-
-    @ms.utils.derived_object
-    class ReportProgress(ms.measure_callback.PyMeasureCallback):
-        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any, builder_results: Any,
-                  runner_results: Any) -> None:
-            flop = task_scheduler.tasks_[task_id].flop
-            for result in runner_results:
-                progress.trials += 1
-                if result.error_msg is None and result.run_secs:
-                    seconds = sum(float(s) for s in result.run_secs) / len(result.run_secs)
-                    if seconds > 0:
-                        progress.best_gflops = max(progress.best_gflops, flop / seconds / 1e9)
-            if on_progress is not None:
-                on_progress(progress)
-
-    return ReportProgress()
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _require_xgboost() -> None:
-    try:
-        import xgboost  # noqa: F401
-    except ImportError:
-        raise MissingDependencyError("MetaSchedule's cost model needs xgboost, which is not installed",
-                                     hint="pip install 'edgedyn[tvm]'")
+def _require_tuning_packages() -> None:
+    """MetaSchedule imports these only once tuning has started: check before any work."""
+    import importlib.util
+
+    for module, why in (("xgboost", "its cost model"), ("psutil", "its search")):
+        if importlib.util.find_spec(module) is None:
+            raise MissingDependencyError("MetaSchedule needs {} for {}, which is not installed".format(module, why),
+                                         hint="pip install 'edgedyn[tvm]'")
