@@ -97,7 +97,7 @@ def apply_tuning_records(module: Any, folder: str) -> Tuple[Any, int]:
 
     module = relax.transform.MetaScheduleApplyDatabase(folder)(tuning_passes()(module))
     tuned = sum(1 for _, function in module.functions.items()
-                if function.attrs is not None and "tir.is_scheduled" in function.attrs)
+                if function.attrs is not None and "tirx.is_scheduled" in function.attrs)  # TVM 0.27: tirx
     return module, tuned
 
 

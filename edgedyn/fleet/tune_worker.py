@@ -85,6 +85,16 @@ def _progress_callback() -> Any:
     return ReportProgress()
 
 
+class _WithoutTorch:
+    """An import hook that makes torch look absent (tvm_ffi imports it when it can). Not sys.modules["torch"] = None:
+    scipy, under xgboost, reads sys.modules["torch"] and would trip over the None."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("edgedyn's tuning worker runs without torch")
+        return None
+
+
 if __name__ == "__main__":
-    sys.modules["torch"] = None  # type: ignore[assignment]  # tvm_ffi imports torch when it can; never here
+    sys.meta_path.insert(0, _WithoutTorch())  # type: ignore[arg-type]
     tune(json.loads(Path(sys.argv[1]).read_text()))
