@@ -34,6 +34,7 @@ def tune_command(
     from edgedyn.boards import load_board
     from edgedyn.errors import EdgedynError
     from edgedyn.fleet.client import parse_address
+    from edgedyn.fleet.database import database_dir, record_count
     from edgedyn.fleet.tuning import Remote, tune_model
 
     if remote is not None and not key:
@@ -45,7 +46,9 @@ def tune_command(
             record = tune_model(model, load_board(board), input_ or None, trials, per_task, boards, database,
                                 on_progress)
         except KeyboardInterrupt:
-            err.print("interrupted: the trials measured so far are kept in the database")
+            folder = database_dir(load_board(board).target("cpu").name, database)
+            err.print("interrupted: {} has {} records (MetaSchedule commits a kernel's measured batch when it "
+                      "collects the results)".format(folder, record_count(folder)))
             raise typer.Exit(130)
     if json_:
         print_json(record)

@@ -10,6 +10,7 @@ The search runs in a process of its own without torch (tune_worker.py): TVM's sc
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -87,7 +88,8 @@ def _tune_module(module: Any, target: Any, cores: int, folder: Path, trials: int
     import tvm
 
     with tempfile.TemporaryDirectory(prefix="edgedyn-tune-") as workdir:
-        request = {"module": str(Path(workdir) / "module.json"), "tvm_target": dict(target.to_dict()["tvm"], **{"num-cores": cores}), "folder": str(folder),
+        request = {"module": str(Path(workdir) / "module.json"), "folder": str(folder),
+                   "tvm_target": dict(target.to_dict()["tvm"], **{"num-cores": cores}),
                    "trials": trials, "per_task": per_task,
                    "remote": None if remote is None else {"tracker": list(remote.tracker), "key": remote.key},
                    "cross_compiler": target.cross_compiler if target.arch != host_arch() else None}
@@ -95,21 +97,35 @@ def _tune_module(module: Any, target: Any, cores: int, folder: Path, trials: int
         (Path(workdir) / "request.json").write_text(json.dumps(request))
         env = dict(os.environ)
         env.pop("TVM_USE_RUNTIME_LIB", None)
-        worker = subprocess.Popen([sys.executable, "-m", "edgedyn.fleet.tune_worker", str(Path(workdir) / "request.json")],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        base = progress.trials
         progress.total += trials
-        assert worker.stdout is not None
-        for line in worker.stdout:
-            if line.startswith(PROGRESS_PREFIX):
-                done, best = json.loads(line[len(PROGRESS_PREFIX):])
-                progress.trials, progress.best_gflops = base + done, max(progress.best_gflops, best)
-                if on_progress is not None:
-                    on_progress(progress)
-        stderr = worker.stderr.read() if worker.stderr is not None else ""
+        log = Path(workdir) / "worker.log"
+        with log.open("w") as errors:
+            # A session of its own, so that an interrupted run stops MetaSchedule's build and run workers too.
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "edgedyn.fleet.tune_worker", str(Path(workdir) / "request.json")],
+                stdout=subprocess.PIPE, stderr=errors, text=True, env=env, start_new_session=True)
+            try:
+                _follow(worker, progress, on_progress)
+            except BaseException:
+                os.killpg(worker.pid, signal.SIGTERM)
+                worker.wait()
+                raise
         if worker.wait() != 0:
-            raise BackendError("MetaSchedule failed for {}:\n{}".format(progress.specialization, _tail(stderr)),
+            raise BackendError("MetaSchedule failed for {}:\n{}".format(progress.specialization,
+                                                                         _tail(log.read_text())),
                                hint="the trials measured before the failure are kept in {}".format(folder))
+
+
+def _follow(worker: "subprocess.Popen[str]", progress: Progress, on_progress: Optional[OnProgress]) -> None:
+    """Reads the worker's progress lines until it ends."""
+    base = progress.trials
+    assert worker.stdout is not None
+    for line in worker.stdout:
+        if line.startswith(PROGRESS_PREFIX):
+            done, best = json.loads(line[len(PROGRESS_PREFIX):])
+            progress.trials, progress.best_gflops = base + done, max(progress.best_gflops, best)
+            if on_progress is not None:
+                on_progress(progress)
 
 
 def _tail(text: str, lines: int = 15) -> str:
