@@ -25,6 +25,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("choice", ("edgedyn.selection", "edgedyn.fit", "edgedyn.bundle")),
     ("export", ("edgedyn.exporter",)),
     ("emulate", ("edgedyn.emulate",)),  # the emulated board, host side
+    ("fleet", ("edgedyn.fleet",)),  # boards over TVM's RPC tracker, and tuning
     ("interface", ("edgedyn.cli", "edgedyn.__main__", "edgedyn=")),
 ]
 # Modules a layer may import from a higher one, each with its reason. Keep this empty if you can.

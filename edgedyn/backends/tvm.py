@@ -6,10 +6,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import Target
+from edgedyn.backends import tuning_records as database
 from edgedyn.errors import BackendError, GpuBuildError, MissingDependencyError
 from edgedyn.runtime.format import cache_dir, host_arch, pack_arrays
 from edgedyn.runtime.program import FP32_TOLERANCE
@@ -36,6 +37,36 @@ def lower(build: Build) -> Artifact:
             build.precision), hint="drop --precision, or export for a board with a GPU")
     tvm = _import_tvm()
     from tvm import relax
+
+    module, weights = import_relax(program)
+    tvm_target = target.tvm_target()
+    tuning = database.describe(database.database_dir(target.name))
+    with tvm_target:
+        if tuning is not None:
+            module, tuning["tuned_functions"] = apply_tuning_records(module, tuning["database"])
+        executable = tvm.compile(module, tvm_target, relax_pipeline=relax.get_default_pipeline(tvm_target))
+    library = _export_library(tvm, executable, target)
+    order = ["w{:04d}".format(i) for i in range(len(weights))]
+    meta = {"weight_order": order, "tvm_target": target.to_dict()["tvm"], "tolerance": dict(FP32_TOLERANCE),
+            "requires": {"python": ["apache-tvm"]}}
+    if tuning is not None:
+        meta["tuning"] = tuning
+    return Artifact(
+        backend="tvm",
+        executor="tvm",
+        device=target.kind,
+        arch=target.arch,
+        target=target.name,
+        files={"library": library, "weights": pack_arrays(dict(zip(order, weights)))},
+        file_names={"library": "model.so", "weights": "weights.npz"},
+        meta=meta,
+    )
+
+
+def import_relax(program: Any) -> Tuple[Any, List[Any]]:
+    """The program as a Relax module ready to build (weights as parameters after the inputs), and the weights."""
+    _import_tvm()
+    from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
     from edgedyn.torch_quiet import quiet_torch
@@ -48,23 +79,25 @@ def lower(build: Build) -> Artifact:
                            hint="try --backend with another backend, or report the operator named above")
     module, params = relax.frontend.detach_params(module)
     weights = [p.numpy() for p in params.get("main", [])]
-    module = relax.transform.DecomposeOpsForInference()(module)
-    tvm_target = target.tvm_target()
-    with tvm_target:
-        executable = tvm.compile(module, tvm_target, relax_pipeline=relax.get_default_pipeline(tvm_target))
-    library = _export_library(tvm, executable, target)
-    order = ["w{:04d}".format(i) for i in range(len(weights))]
-    return Artifact(
-        backend="tvm",
-        executor="tvm",
-        device=target.kind,
-        arch=target.arch,
-        target=target.name,
-        files={"library": library, "weights": pack_arrays(dict(zip(order, weights)))},
-        file_names={"library": "model.so", "weights": "weights.npz"},
-        meta={"weight_order": order, "tvm_target": target.to_dict()["tvm"], "tolerance": dict(FP32_TOLERANCE),
-              "requires": {"python": ["apache-tvm"]}},
-    )
+    return relax.transform.DecomposeOpsForInference()(module), weights
+
+
+def tuning_passes() -> Any:
+    """What `static_shape_tuning` does before tuning (under the target): the kernels it tunes are these."""
+    from tvm import relax, transform
+
+    return transform.Sequential([relax.transform.CanonicalizeBindings(), relax.get_pipeline("zero")])
+
+
+def apply_tuning_records(module: Any, folder: str) -> Tuple[Any, int]:
+    """Schedules the kernels that MetaSchedule's database in `folder` has records for (call under the target);
+    returns the module and how many kernels took a tuned schedule."""
+    from tvm import relax
+
+    module = relax.transform.MetaScheduleApplyDatabase(folder)(tuning_passes()(module))
+    tuned = sum(1 for _, function in module.functions.items()
+                if function.attrs is not None and "tirx.is_scheduled" in function.attrs)  # TVM 0.27: tirx
+    return module, tuned
 
 
 def _export_library(tvm: Any, executable: Any, target: Target) -> bytes:

@@ -7,7 +7,9 @@ import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import STDOUT, JsonOption, emit_json, err, human_bytes, out, output_file
+from edgedyn.cli.common import (STDOUT, AllBoardsOption, JsonOption, KeyOption, RemoteOption, emit_json, err,
+                                human_bytes, out, output_file, remote_reports)
+from edgedyn.errors import EdgedynError
 
 TOP_OPS = 10  # rows of "Top by computation time", as benchmark_model prints
 
@@ -36,33 +38,45 @@ def bench_command(
     emulate: Annotated[bool, typer.Option("--emulate", help="Run it on an emulated board of the bundle's kind "
                                           "(qemu-user): checks that it runs there; the timings mean nothing.")]
     = False,
+    remote: RemoteOption = None,
+    key: KeyOption = None,
+    all_boards: AllBoardsOption = False,
 ) -> None:
     """Time a bundle's inference: latency percentiles, throughput, init time, peak memory, guard overhead."""
     from edgedyn.runtime.bench import BenchConfig, run_benchmark
 
     if json_path is not None and json_path != STDOUT:
         output_file(Path(json_path), "--json")  # refused before the benchmark runs, not after
-    config = BenchConfig(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
-                         threads=threads, specialization=specialization,
-                         inputs=str(inputs) if inputs is not None else None, random_inputs=random_inputs,
-                         device=device, profile_runs=profile_runs if profile else 0)
-    if emulate:
+    options = dict(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
+                   threads=threads, specialization=specialization, inputs=str(inputs) if inputs is not None else None,
+                   random_inputs=random_inputs, device=device, profile_runs=profile_runs if profile else 0)
+    config = BenchConfig(**options)  # checked here, before any board is asked for
+    if remote is not None:
+        if emulate:
+            raise EdgedynError("--emulate and --remote each choose where the bundle runs: give one",
+                               hint="--remote HOST:PORT --key KEY for a real board, --emulate for the emulated one")
+        extra = {"inputs": inputs} if inputs is not None else None
+        reports = remote_reports(remote, key, bundle, "bench", options, all_boards, extra_files=extra)
+    elif emulate:
         from edgedyn.emulate import bench_emulated
 
-        report = bench_emulated(bundle, config)
+        reports = [bench_emulated(bundle, config)]
     else:
         with _progress(bundle.name) as on_progress:
-            report = run_benchmark(str(bundle), config, on_progress=on_progress)
-    err.print("using {}".format(report["selection"]))
-    for warning in report["warnings"]:
-        err.print("warning: {}".format(warning))
-    if emit_json(report, json_path):
+            reports = [run_benchmark(str(bundle), config, on_progress=on_progress)]
+    for report in reports:
+        err.print("using {}{}".format(report["selection"], " on " + report["remote"]["name"]
+                                      if "remote" in report else ""))
+        for warning in report["warnings"]:
+            err.print("warning: {}".format(warning))
+    if emit_json(reports[0] if len(reports) == 1 else reports, json_path):  # one per board with --remote --all
         return
-    out.print(summary_table(report))
-    if "ops" in report:
-        for table in profile_tables(report["ops"]):
-            out.print(table)
-        out.print(profile_footer(report["ops"]))
+    for report in reports:
+        out.print(summary_table(report))
+        if "ops" in report:
+            for table in profile_tables(report["ops"]):
+                out.print(table)
+            out.print(profile_footer(report["ops"]))
 
 
 def profile_tables(ops: Dict[str, Any]) -> List[Table]:

@@ -11,6 +11,7 @@ from typing_extensions import Annotated
 
 from edgedyn.boards import Board, list_boards, load_board
 from edgedyn.cli.common import JsonOption, emit_json
+from edgedyn.fleet.server import tvm_wheel_note
 
 
 app = typer.Typer(
@@ -22,9 +23,18 @@ app = typer.Typer(
 
 
 @app.callback()
-def boards(ctx: typer.Context, as_json: JsonOption = None) -> None:
-    """List the boards edgedyn can target."""
+def boards(
+    ctx: typer.Context,
+    as_json: JsonOption = None,
+    remote: Annotated[Optional[str], typer.Option(
+        "--remote", help="List the fleet registered at this RPC tracker (HOST:PORT) instead: keys, free, pending.")]
+    = None,
+) -> None:
+    """List the boards edgedyn can target (or, with --remote, the boards registered at a tracker)."""
     if ctx.invoked_subcommand is not None:
+        return
+    if remote is not None:
+        _show_fleet(remote, as_json)
         return
     found = list_boards()
     if not emit_json([board.to_dict() for board in found], as_json):
@@ -41,6 +51,22 @@ def show(
     targets = {device: target.to_dict() for device, target in found.targets().items()}
     if not emit_json({"board": found.to_dict(), "targets": targets}, as_json):
         typer.echo("\n".join(_describe(found)))
+
+
+def _show_fleet(remote: str, as_json: Optional[str]) -> None:
+    from edgedyn.fleet.client import fleet_summary, parse_address
+
+    keys = fleet_summary(parse_address(remote))
+    if emit_json(keys, as_json):
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, caption="tracker {}".format(remote),
+                  caption_justify="left")
+    for header in ("key", "boards", "free", "pending", "servers"):
+        table.add_column(header)
+    for key, entry in sorted(keys.items()):
+        table.add_row(Text(key), str(entry["total"]), str(entry["free"]), str(entry["pending"]),
+                      Text(", ".join(entry["servers"]) or "-"))
+    _stdout().print(table)
 
 
 def _stdout() -> Console:
@@ -101,6 +127,7 @@ def _describe(board: Board) -> List[str]:
         ("jetpack", _optional(board.jetpack)),
         ("glibc", board.glibc),
         ("emulation", "-" if board.qemu_cpu is None else "qemu-aarch64-static -cpu {}".format(board.qemu_cpu)),
+        ("fleet", tvm_wheel_note(board.python) or "edgedyn serve (TVM's Python RPC server); see docs/fleet.md"),
         ("backends", ", ".join(board.backends) + " (CPU artifact, in order of preference)"),
         ("gpu code", ", ".join(board.gpu_backends) or "-"),
         ("file", str(board.path)),

@@ -4,7 +4,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import typer
 from rich.console import Console
@@ -130,3 +130,30 @@ def human_bytes(size: float) -> str:
             return "{:.0f} {}".format(size, unit) if unit == "B" else "{:.1f} {}".format(size, unit)
         size /= 1024.0
     return "{:.1f} GiB".format(size)
+
+
+# Note: the options that send a device command to boards over TVM's RPC tracker (docs/fleet.md); verify and bench
+# take the same three.
+RemoteOption = Annotated[Optional[str], typer.Option(
+    "--remote", help="Run on a board of --key from this RPC tracker (HOST:PORT) instead of on this machine.")]
+KeyOption = Annotated[Optional[str], typer.Option(
+    "--key", help="With --remote: the kind of board, as its `edgedyn serve --key` registered it.")]
+AllBoardsOption = Annotated[bool, typer.Option(
+    "--all", help="With --remote: run on every free board of --key, one report each.")]
+
+
+def remote_reports(remote: str, key: Optional[str], bundle: Path, command: str, options: Dict[str, Any],
+                   all_boards: bool, extra_files: Optional[Dict[str, Path]] = None) -> List[Dict[str, Any]]:
+    """Each board's report in the local report's shape, plus a `remote` block: the board's name, key and its own
+    environment."""
+    from edgedyn.errors import EdgedynError
+    from edgedyn.fleet.client import parse_address, run_command
+
+    if not key:
+        raise EdgedynError("--remote needs --key: which kind of board to run on",
+                           hint="`edgedyn boards --remote {}` lists the keys".format(remote))
+    if not bundle.is_file():
+        raise EdgedynError("no bundle at {}".format(bundle), hint="give the path of an .edgedyn file")
+    results = run_command(parse_address(remote), key, bundle, command, options, all_boards,
+                          say=lambda message: err.print(message), extra_files=extra_files)
+    return [dict(result["report"], remote=result["board"], bundle=str(bundle)) for result in results]

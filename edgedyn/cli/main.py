@@ -13,6 +13,9 @@ from edgedyn.cli.export import export_command
 from edgedyn.cli.inspect import inspect_command
 from edgedyn.cli.keygen import keygen_command
 from edgedyn.cli.run import run_command
+from edgedyn.cli.serve import serve_command
+from edgedyn.cli.tracker import tracker_command
+from edgedyn.cli.tune import tune_command
 from edgedyn.cli.verify import verify_command
 from edgedyn.version import __version__
 
@@ -32,9 +35,14 @@ app.command("inspect")(inspect_command)
 app.command("bench")(bench_command)
 app.command("keygen")(keygen_command)
 app.add_typer(boards.app, name="boards")
+app.command("serve")(serve_command)
+app.command("tracker")(tracker_command)
+app.command("tune")(tune_command)
 
-# Commands that run on the board: they never compile, so TVM may load its runtime library alone.
-DEVICE_COMMANDS = ("verify", "run", "inspect", "bench")
+# Commands that run on the board (or only talk RPC): they never compile, so TVM may load its runtime library alone.
+# Not `serve`: MetaSchedule's RPCRunner calls tvm.contrib.random.random_fill_for_measure there, which only the full
+# TVM library registers.
+DEVICE_COMMANDS = ("verify", "run", "inspect", "bench", "boards", "tracker")
 
 
 def _print_version(value: bool) -> None:

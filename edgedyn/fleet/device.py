@@ -1,0 +1,68 @@
+"""edgedyn's device commands as functions returning JSON-ready dicts: the local CLI and the RPC server share them.
+
+Board side: standard library, numpy and edgedyn.runtime only, Python 3.8 syntax.
+"""
+import io
+import platform
+from typing import Any, Dict, Optional, Sequence
+
+import numpy as np
+
+from edgedyn.runtime import sysinfo
+from edgedyn.runtime.bench import BenchConfig, run_benchmark
+from edgedyn.runtime.format import Bundle, host_arch
+from edgedyn.runtime.program import artifact_label, flatten_outputs, load, unusable_reason
+
+
+def verify_report(path: str, threads: Optional[int] = None, device: str = "auto",
+                  trusted_keys: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
+    """`edgedyn verify --json`'s report: every specialization on its reference inputs against torch eager.
+
+    `trusted_keys` as for edgedyn.runtime.load (EDGEDYN_TRUSTED_KEYS applies when None); `signed_by` says which key
+    signed the bundle, when one did."""
+    program = load(path, threads=threads, device=device, trusted_keys=trusted_keys)
+    results = program.verify()
+    return {"bundle": str(path), "ok": all(r["ok"] for r in results), "arch": host_arch(), "results": results,
+            "signed_by": program.bundle.signed_by,
+            "using": [spec.selection() for spec in program.specializations],
+            "selection": {s.name: {"artifact": s.artifact, "skipped": s.skipped} for s in program.specializations}}
+
+
+def bench_report(path: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    """`edgedyn bench --json`'s report; `options` are BenchConfig's fields."""
+    return run_benchmark(path, BenchConfig(**options))
+
+
+def inspect_report(path: str) -> Dict[str, Any]:
+    """The manifest, and which artifact of each specialization this machine would run (nothing is loaded)."""
+    bundle = Bundle(path)
+    here = {}
+    for spec in bundle.manifest["specializations"]:
+        skipped = []
+        would_run = None
+        for artifact in spec["artifacts"]:
+            reason = unusable_reason(artifact, host_arch(), "auto")
+            if reason is None:
+                would_run = artifact_label(artifact)
+                break
+            skipped.append([artifact_label(artifact), reason])
+        here[spec["name"]] = {"would_run": would_run, "skipped": skipped}
+    return {"manifest": bundle.manifest, "sha256": bundle.sha256, "this_machine": here}
+
+
+def run_arrays(path: str, inputs_npz: bytes, threads: Optional[int] = None) -> bytes:
+    """Calls the bundle once on the arrays of an .npz (one per argument name); returns its outputs as an .npz
+    (`output.0`, `output.1`, ... in the bundle's output order)."""
+    program = load(path, threads=threads)
+    with np.load(io.BytesIO(inputs_npz), allow_pickle=False) as data:
+        values = {name: data[name] for name in data.files}
+    spec, _ = program.dispatch(**values)
+    outputs = flatten_outputs(spec.output_tree, program(**values))
+    buffer = io.BytesIO()
+    np.savez(buffer, **{"output.{}".format(i): np.asarray(o) for i, o in enumerate(outputs)})
+    return buffer.getvalue()
+
+
+def board_environment() -> Dict[str, Any]:
+    """The board's own environment block (CPU, clocks, Python, numpy) and its host name."""
+    return dict(sysinfo.environment(), hostname=platform.node(), arch=host_arch())
