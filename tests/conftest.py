@@ -43,6 +43,11 @@ MODULE_EXTRAS = {
     "nvidia.cuda_nvcc": "cuda",
     "vermin": "test",
     "transformers": "zoo",
+    "tornado": "tvm",
+    "xgboost": "tvm",
+    "cryptography": "sign",
+    "PIL": "images",
+    "psutil": "tvm",
 }
 _running = None  # type: Optional[pytest.Item]
 

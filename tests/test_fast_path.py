@@ -15,7 +15,7 @@ from edgedyn.runtime.errors import GuardError
 
 from conftest import assert_matches_torch
 
-pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.requires("onnxruntime")
 
 
 def two_inputs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

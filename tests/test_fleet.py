@@ -1,6 +1,5 @@
 """The fleet over TVM's RPC tracker, end to end on loopback: a tracker, `edgedyn serve` processes on this machine,
 and verify / bench / run sent to them, compared with the same commands run here."""
-import importlib
 import json
 import os
 import signal
@@ -16,16 +15,7 @@ import pytest
 
 from conftest import REPO, RTOL, torch_model
 
-def _require(module: str) -> None:
-    """Skips without the module, except under CI, where a missing dependency must fail."""
-    if os.environ.get("CI") == "true":
-        importlib.import_module(module)
-    else:
-        pytest.importorskip(module)
-
-
-_require("tvm")
-_require("tornado")
+pytestmark = pytest.mark.requires("tvm", "tornado")
 
 LOOPBACK = "127.0.0.1"
 

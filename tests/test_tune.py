@@ -1,6 +1,5 @@
 """`edgedyn tune` and the tuning database: records written by MetaSchedule are used by the next TVM export, whose
 manifest names the database; the tuned build still equals torch eager."""
-import importlib
 import json
 import os
 from pathlib import Path
@@ -11,16 +10,7 @@ import pytest
 from conftest import RTOL
 
 
-def _require(module: str) -> None:
-    """Skips without the module, except under CI, where a missing dependency must fail."""
-    if os.environ.get("CI") == "true":
-        importlib.import_module(module)
-    else:
-        pytest.importorskip(module)
-
-
-for _module in ("tvm", "xgboost", "psutil"):
-    _require(_module)
+pytestmark = pytest.mark.requires("tvm", "xgboost", "psutil")
 
 # One kernel (matmul + bias + relu): MetaSchedule has a single task, so a handful of trials tunes it.
 TINY = '''

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Optional
 import typer
 from typing_extensions import Annotated
 
-from edgedyn.cli.common import err, print_json
+from edgedyn.cli.common import JsonOption, emit_json, err
 
 if TYPE_CHECKING:
     from edgedyn.fleet.tuning import Progress as TuneProgress
@@ -28,7 +28,7 @@ def tune_command(
     database: Annotated[Optional[Path], typer.Option(
         "--database", help="Folder holding one database per target (default: $EDGEDYN_TUNING_DIR or "
                            "~/.cache/edgedyn/tuning).")] = None,
-    json_: Annotated[bool, typer.Option("--json", help="Print the database's record as JSON.")] = False,
+    json_: JsonOption = None,
 ) -> None:
     """Tune MODEL's kernels for BOARD's CPU; `edgedyn export --backend tvm` (and auto) then build with the records."""
     from edgedyn.boards import load_board
@@ -50,11 +50,9 @@ def tune_command(
             err.print("interrupted: {} has {} records (MetaSchedule commits a kernel's measured batch when it "
                       "collects the results)".format(folder, record_count(folder)))
             raise typer.Exit(130)
-    if json_:
-        print_json(record)
-    else:
-        err.print("tuning database {}: {} records, sha256 {}".format(
-            record["database"], record["records"], record.get("sha256", "-")[:16]))
+    err.print("tuning database {}: {} records, sha256 {}".format(
+        record["database"], record["records"], record.get("sha256", "-")[:16]))
+    emit_json(record, json_)
 
 
 @contextlib.contextmanager

@@ -317,7 +317,10 @@ def _check_step(c: Checker, step: Any, where: str, dtypes: List[np.dtype], arena
     if not present:
         raise c.fail(where + ".outputs", "a step needs at least one output")
     _check_argument(c, c.items(step["args"], where + ".args"), where + ".args", len(dtypes), 0)
-    _check_argument(c, c.obj(step["kwargs"], where + ".kwargs"), where + ".kwargs", len(dtypes), 0)
+    # kwargs is a plain name -> argument table: its entries are checked, not the table as an encoded value (a step
+    # whose only keyword is `dtype` would otherwise read as a {"dtype": ...} reference).
+    for name, item in c.obj(step["kwargs"], where + ".kwargs").items():
+        _check_argument(c, item, "{}.kwargs.{}".format(where, short(name)), len(dtypes), 1)
     _check_geometry(c, op, step["args"], where + ".args")
     itemsize = dtypes[present[0]].itemsize
     for index, record in enumerate(c.items(step["scratch"], where + ".scratch")):
@@ -370,7 +373,7 @@ def _check_geometry(c: Checker, op: str, args: List[Any], where: str) -> None:
         if position >= len(args):
             continue
         value = args[position]
-        if op.startswith("aten.max_pool2d") and position == 2 and value == []:
+        if (op.startswith("aten.max_pool2d") or op.startswith("aten.avg_pool2d")) and position == 2 and value == []:
             continue  # an empty stride means "the kernel size"
         items = value if isinstance(value, list) else [value]
         if not items or len(items) > 3:
