@@ -326,10 +326,19 @@ def _check_step(c: Checker, step: Any, where: str, dtypes: List[np.dtype], arena
     for index, record in enumerate(c.items(step["scratch"], where + ".scratch")):
         at = "{}.scratch[{}]".format(where, index)
         c.obj(record, at, ("shape", "offset_bytes"))
-        count = int(np.prod(c.shape(record["shape"], at + ".shape"), dtype=object))
+        count = _product(c.shape(record["shape"], at + ".shape"))
         offset = c.integer(record["offset_bytes"], at + ".offset_bytes")
         if offset % itemsize or offset + count * itemsize > arena:
             raise c.fail(at, "{} items from byte {} do not fit the {}-byte arena".format(count, offset, arena))
+
+
+def _product(dims: Sequence[int]) -> int:
+    """The element count of a shape in Python integers: no overflow, and no object-dtype numpy reduction (numpy 1.19
+    has no object loop for prod's `dtype=object`)."""
+    count = 1
+    for size in dims:
+        count *= int(size)
+    return count
 
 
 def _check_argument(c: Checker, value: Any, where: str, values: int, depth: int) -> None:
