@@ -43,11 +43,11 @@ MODULE_EXTRAS = {
     "nvidia.cuda_nvcc": "cuda",
     "vermin": "test",
     "transformers": "zoo",
-    "tornado": "tvm",
-    "xgboost": "tvm",
+    "tornado": "fleet",
+    "xgboost": "fleet",
     "cryptography": "sign",
     "PIL": "images",
-    "psutil": "tvm",
+    "psutil": "fleet",
 }
 _running = None  # type: Optional[pytest.Item]
 

@@ -29,7 +29,7 @@ def _start(host: str, port: int, port_end: int) -> Any:
         from tvm.rpc.tracker import Tracker
     except ImportError as error:
         raise MissingDependencyError("the tracker is TVM's ({}), and its tracker needs tornado".format(error),
-                                     hint="pip install 'edgedyn[tvm]'")
+                                     hint="pip install 'edgedyn[fleet]'")
     try:
         return Tracker(host, port=port, port_end=port_end, silent=True)
     except ValueError as error:  # TVM's words for "every port in the range is taken"

@@ -139,4 +139,4 @@ def _require_tuning_packages() -> None:
     for module, why in (("xgboost", "its cost model"), ("psutil", "its search")):
         if importlib.util.find_spec(module) is None:
             raise MissingDependencyError("MetaSchedule needs {} for {}, which is not installed".format(module, why),
-                                         hint="pip install 'edgedyn[tvm]'")
+                                         hint="pip install 'edgedyn[fleet]'")
