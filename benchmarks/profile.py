@@ -56,13 +56,10 @@ def profile(bundle: Path, threads: int, runs: int) -> Dict[str, Any]:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    """The CPU's name as `edgedyn bench` reports it (edgedyn/runtime/sysinfo.py reads /proc/cpuinfo)."""
+    from edgedyn.runtime import sysinfo
+
+    return sysinfo.environment().get("cpu_model") or platform.machine()
 
 
 def main() -> None:

@@ -343,13 +343,10 @@ def run_worker(task: Dict[str, Any], workdir: Path) -> Dict[str, Any]:
 # --- the run ---
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's name as `edgedyn bench` reports it (edgedyn/runtime/sysinfo.py reads /proc/cpuinfo)."""
+    from edgedyn.runtime import sysinfo
+
+    return sysinfo.environment().get("cpu_model") or platform.machine()
 
 
 def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> Dict[str, Any]:

@@ -72,22 +72,8 @@ def _layer_norm(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratc
     mean, rstd, square = scratch[0].reshape(stats_shape), scratch[1].reshape(stats_shape), scratch[2].reshape(x.shape)
 
     def run() -> None:
-        np.mean(x, axis=axes, keepdims=True, out=mean)
-        np.subtract(x, mean, out=out)
-        np.multiply(out, out, out=square)
-        np.mean(square, axis=axes, keepdims=True, out=rstd)
-        np.add(rstd, eps, out=rstd)
-        np.sqrt(rstd, out=rstd)
-        np.reciprocal(rstd, out=rstd)
-        np.multiply(out, rstd, out=out)
-        if weight is not None:
-            np.multiply(out, weight, out=out)
-        if bias is not None:
-            np.add(out, bias, out=out)
-        if mean_out is not None:
-            np.copyto(mean_out, mean.reshape(mean_out.shape))
-        if rstd_out is not None:
-            np.copyto(rstd_out, rstd.reshape(rstd_out.shape))
+        _standardize(x, out, axes, mean, rstd, square, eps)
+        _scale_and_keep_statistics(out, weight, bias, mean, rstd, mean_out, rstd_out)
     return run
 
 
@@ -114,23 +100,36 @@ def _group_norm(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratc
     bias = _view(bias, per_channel) if bias is not None else None
 
     def run() -> None:
-        np.mean(x3, axis=2, keepdims=True, out=mean)
-        np.subtract(x3, mean, out=out3)
-        np.multiply(out3, out3, out=square)
-        np.mean(square, axis=2, keepdims=True, out=rstd)
-        np.add(rstd, eps, out=rstd)
-        np.sqrt(rstd, out=rstd)
-        np.reciprocal(rstd, out=rstd)
-        np.multiply(out3, rstd, out=out3)
-        if weight is not None:
-            np.multiply(out, weight, out=out)
-        if bias is not None:
-            np.add(out, bias, out=out)
-        if mean_out is not None:
-            np.copyto(mean_out, mean.reshape(mean_out.shape))
-        if rstd_out is not None:
-            np.copyto(rstd_out, rstd.reshape(rstd_out.shape))
+        _standardize(x3, out3, 2, mean, rstd, square, eps)
+        _scale_and_keep_statistics(out, weight, bias, mean, rstd, mean_out, rstd_out)
     return run
+
+
+def _standardize(x: np.ndarray, out: np.ndarray, axis: Any, mean: np.ndarray, rstd: np.ndarray,
+                 square: np.ndarray, eps: float) -> None:
+    """out = (x - mean) / sqrt(variance + eps) over `axis`, the statistics left in `mean` and `rstd` (scratch)."""
+    np.mean(x, axis=axis, keepdims=True, out=mean)
+    np.subtract(x, mean, out=out)
+    np.multiply(out, out, out=square)
+    np.mean(square, axis=axis, keepdims=True, out=rstd)
+    np.add(rstd, eps, out=rstd)
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    np.multiply(out, rstd, out=out)
+
+
+def _scale_and_keep_statistics(out: np.ndarray, weight: Optional[np.ndarray], bias: Optional[np.ndarray],
+                               mean: np.ndarray, rstd: np.ndarray, mean_out: Optional[np.ndarray],
+                               rstd_out: Optional[np.ndarray]) -> None:
+    """The affine part of a normalization, and the mean / rstd outputs ATen's native_*_norm also returns."""
+    if weight is not None:
+        np.multiply(out, weight, out=out)
+    if bias is not None:
+        np.add(out, bias, out=out)
+    if mean_out is not None:
+        np.copyto(mean_out, mean.reshape(mean_out.shape))
+    if rstd_out is not None:
+        np.copyto(rstd_out, rstd.reshape(rstd_out.shape))
 
 
 KERNELS = {
