@@ -31,7 +31,9 @@ def inspect_command(
 
         show_memory(opened, picture_dir or Path.cwd())
         return
-    here = {spec["name"]: _here(spec) for spec in manifest["specializations"]}
+    from edgedyn.runtime.program import would_run
+
+    here = {spec["name"]: would_run(spec) for spec in manifest["specializations"]}
     if emit_json(dict(manifest, bundle={"path": str(bundle), "sha256": opened.sha256, "size": bundle.stat().st_size},
                       this_machine=here), json_):
         return
@@ -71,20 +73,6 @@ def inspect_command(
         out.print("  here     {}{}".format(
             "would run " + chosen["would_run"] if chosen["would_run"] else "nothing can run on this machine",
             "".join("; {} not used: {}".format(label, reason) for label, reason in chosen["skipped"])))
-
-
-def _here(spec: Dict[str, Any]) -> Dict[str, Any]:
-    """Which artifact this machine would run (no executor is loaded), and why it would skip the ones before it."""
-    from edgedyn.runtime.format import host_arch
-    from edgedyn.runtime.program import artifact_label, unusable_reason
-
-    skipped = []
-    for artifact in spec["artifacts"]:
-        reason = unusable_reason(artifact, host_arch(), "auto")
-        if reason is None:
-            return {"would_run": artifact_label(artifact), "skipped": skipped}
-        skipped.append([artifact_label(artifact), reason])
-    return {"would_run": None, "skipped": skipped}
 
 
 def _gpu(artifact: Dict[str, Any]) -> None:

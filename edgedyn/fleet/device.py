@@ -11,7 +11,7 @@ import numpy as np
 from edgedyn.runtime import sysinfo
 from edgedyn.runtime.bench import BenchConfig, run_benchmark
 from edgedyn.runtime.format import Bundle, host_arch
-from edgedyn.runtime.program import artifact_label, flatten_outputs, load, unusable_reason
+from edgedyn.runtime.program import flatten_outputs, load, would_run
 
 
 def verify_report(path: str, threads: Optional[int] = None, device: str = "auto",
@@ -36,17 +36,7 @@ def bench_report(path: str, options: Dict[str, Any]) -> Dict[str, Any]:
 def inspect_report(path: str) -> Dict[str, Any]:
     """The manifest, and which artifact of each specialization this machine would run (nothing is loaded)."""
     bundle = Bundle(path)
-    here = {}
-    for spec in bundle.manifest["specializations"]:
-        skipped = []
-        would_run = None
-        for artifact in spec["artifacts"]:
-            reason = unusable_reason(artifact, host_arch(), "auto")
-            if reason is None:
-                would_run = artifact_label(artifact)
-                break
-            skipped.append([artifact_label(artifact), reason])
-        here[spec["name"]] = {"would_run": would_run, "skipped": skipped}
+    here = {spec["name"]: would_run(spec) for spec in bundle.manifest["specializations"]}
     return {"manifest": bundle.manifest, "sha256": bundle.sha256, "this_machine": here}
 
 

@@ -64,6 +64,18 @@ def unusable_reason(artifact: Dict[str, Any], arch: str, device: str) -> Optiona
     return gpu_unusable_reason(artifact) if on_gpu else None
 
 
+def would_run(record: Dict[str, Any]) -> Dict[str, Any]:
+    """Which artifact of a specialization's manifest record this machine would run under --device auto (nothing is
+    loaded), and why it would skip the ones before it: {"would_run": label or None, "skipped": [[label, why]]}."""
+    skipped = []  # type: List[List[str]]
+    for artifact in record["artifacts"]:
+        reason = unusable_reason(artifact, host_arch(), "auto")
+        if reason is None:
+            return {"would_run": artifact_label(artifact), "skipped": skipped}
+        skipped.append([artifact_label(artifact), reason])
+    return {"would_run": None, "skipped": skipped}
+
+
 class Program:
     """The callable a bundle becomes on the board: `program(x, n=4)` returns numpy arrays."""
 
