@@ -11,6 +11,7 @@ import pytest
 
 import edgedyn.runtime as rt
 from edgedyn.runtime.bench import BenchConfig, profile_ops, run_benchmark
+from edgedyn.runtime.profiling import GUARDS, MAX_RUNS, UNATTRIBUTED, runs_to_profile, typical_runs
 from edgedyn.runtime.executors.onnxruntime import node_times
 from edgedyn.runtime.executors.tvm import _op_type
 
@@ -31,19 +32,23 @@ def _check_shares(rows: List[Dict[str, Any]]) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_each_backend_profiles_every_operator(export_example, backend):
     ops = _profile(export_example("tiny_cnn", backend=backend))
-    assert ops["runs"] == 3 and ops["total_ms"] > 0 and ops["median_latency_ms"] > 0
+    assert ops["runs"] == 3 and ops["typical_runs"] == 3 - 2 * (3 // 4) and ops["total_ms"] > 0 and ops["median_latency_ms"] > 0
     _check_shares(ops["nodes"])
     _check_shares(ops["by_type"])
     assert sum(entry["count"] for entry in ops["by_type"]) == len(ops["nodes"])
-    types = {node["type"] for node in ops["nodes"]}
+    types = {node["type"] for node in ops["nodes"]} - {GUARDS, UNATTRIBUTED}
+    assert GUARDS in [node["name"] for node in ops["nodes"]]
+    # Every run's time is in the table: the typical runs' mean wall time plus the guards.
+    assert ops["table_ms"] == pytest.approx(ops["total_ms"] + max(0.0, ops["unattributed_ms"]))
     if backend == "onnxruntime":
         assert "Conv" in types and all(node["count"] == 1 for node in ops["nodes"])
     elif backend == "tvm":
         assert "fused_conv2d_add_relu" in types and "vm.builtin.alloc_storage" in types
     elif backend == "portable":
-        assert "aten.convolution.default" in types and len(ops["nodes"]) == 9
+        assert "aten.convolution.default" in types and "copy" in types
+        assert len([node for node in ops["nodes"] if node["type"].startswith("aten.")]) == 9
     else:  # LiteRT: no per-operator profiler in its Python API, and the report says so
-        assert types == {"whole graph"} and "no per-operator profiler" in ops["note"]
+        assert types == {"whole graph", "copy"} and "no per-operator profiler" in ops["note"]
         assert ops["graph_ops"]["CONV_2D"] == 2
 
 
@@ -71,11 +76,14 @@ def test_the_profile_leaves_results_unchanged(export_example):
 
 
 class _FakeExecutor:
+    """Four runs of three ops; the second run was preempted (40 ms), the first ran fastest."""
+
     def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
-        return {"source": "fake", "runs": runs, "ops": [
-            {"name": "a", "type": "Conv", "ms": 6.0, "calls": 1},
-            {"name": "b", "type": "Relu", "ms": 1.0, "calls": 1, "bytes": 64},
-            {"name": "c", "type": "Conv", "ms": 3.0, "calls": 2}]}
+        return {"source": "fake", "unattributed": "between ops", "ops": [
+            {"name": "a", "type": "Conv", "calls": 1}, {"name": "b", "type": "Relu", "calls": 1, "bytes": 64},
+            {"name": "c", "type": "Conv", "calls": 2}],
+            "wall_ms": [9.0, 40.0, 10.0, 11.0],
+            "samples_ms": [[5.0, 1.0, 2.0], [30.0, 1.0, 3.0], [6.0, 1.0, 3.0], [6.0, 1.0, 3.0]]}
 
 
 class _FakeSpec:
@@ -84,17 +92,44 @@ class _FakeSpec:
     artifact = {"executor": "fake"}
 
 
-def test_tables_sum_per_node_and_per_type():
-    ops = profile_ops(_FakeSpec(), {"x": np.ones(2, np.float32)}, runs=4, median_ms=12.5)
-    assert [(n["name"], n["ms"], n["count"]) for n in ops["nodes"]] == [("a", 6.0, 1), ("c", 3.0, 2), ("b", 1.0, 1)]
-    assert [n["percent"] for n in ops["nodes"]] == [60.0, 30.0, 10.0]
-    assert [n["cumulative_percent"] for n in ops["nodes"]] == pytest.approx([60.0, 90.0, 100.0])
-    assert [(t["type"], t["count"], t["ms"], t["bytes"]) for t in ops["by_type"]] == [("Conv", 2, 9.0, None),
-                                                                                       ("Relu", 1, 1.0, 64)]
-    assert ops["total_ms"] == 10.0 and ops["total_of_median"] == pytest.approx(0.8)
+def test_rows_average_the_typical_runs_and_add_up_to_them():
+    ops = profile_ops(_FakeSpec(), {"x": np.ones(2, np.float32)}, runs=4, median_ms=12.5, guard_ms=0.5)
+    # The middle half by wall time: the 10 ms and 11 ms runs (9 ms is the fastest quarter, 40 ms the slowest).
+    assert ops["runs"] == 4 and ops["typical_runs"] == 2
+    rows = {n["name"]: n for n in ops["nodes"]}
+    assert [rows[name]["ms"] for name in ("a", "b", "c", GUARDS)] == [6.0, 1.0, 3.0, 0.5]
+    assert rows[UNATTRIBUTED]["ms"] == pytest.approx(0.5) and rows[UNATTRIBUTED]["what"] == "between ops"
+    assert ops["total_ms"] == 10.5 and ops["table_ms"] == pytest.approx(11.0)  # the typical runs' mean + guards
+    assert ops["total_of_median"] == pytest.approx(10.5 / 12.5)
+    assert ops["profiled_median_ms"] == pytest.approx(10.5 + 0.5)
+    assert [n["name"] for n in ops["nodes"]] == ["a", "c", "b", GUARDS, UNATTRIBUTED]  # by time; ties keep order
+    assert ops["nodes"][-1]["cumulative_percent"] == pytest.approx(100.0)
+    by_type = {t["type"]: t for t in ops["by_type"]}
+    assert (by_type["Conv"]["count"], by_type["Conv"]["ms"], by_type["Relu"]["bytes"]) == (2, 9.0, 64)
+    assert ops["notes"] == []
 
 
-def test_onnxruntime_events_give_medians_per_run_without_warm_up_or_fences():
+def test_ops_that_add_up_to_more_than_their_runs_say_so_without_a_negative_row():
+    class Over(_FakeExecutor):
+        def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
+            raw = super().profile(inputs, runs)
+            return dict(raw, wall_ms=[8.0, 8.0, 8.0, 8.0])
+
+    spec = _FakeSpec()
+    spec.executor = Over()
+    ops = profile_ops(spec, {"x": np.ones(2, np.float32)}, runs=4, median_ms=30.0, guard_ms=0.0)
+    assert UNATTRIBUTED not in [n["name"] for n in ops["nodes"]] and ops["unattributed_ms"] < 0
+    assert "more than their runs took" in ops["notes"][0]
+    assert "profiled runs' median is 27% of the timing loop's" in ops["notes"][1]
+
+
+def test_profiled_runs_default_to_the_timed_count_capped():
+    assert runs_to_profile(0, 37) == 37 and runs_to_profile(0, 10 ** 6) == MAX_RUNS and runs_to_profile(5, 37) == 5
+    assert typical_runs([5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0, 8.0]) == [4, 2, 0, 6]  # 3, 4, 5, 7 ms: the middle half
+    assert typical_runs([3.0, 1.0, 2.0]) == [1, 2, 0] and typical_runs([2.0]) == [0]
+
+
+def test_onnxruntime_events_give_kernel_times_per_run_without_warm_up_or_fences():
     def run(ts: int) -> Dict[str, Any]:
         return {"cat": "Session", "name": "model_run", "ts": ts, "dur": 100}
 
@@ -104,8 +139,10 @@ def test_onnxruntime_events_give_medians_per_run_without_warm_up_or_fences():
     events = [run(0), node("conv_kernel_time", 10, 500), run(200), node("conv_fence_before", 205, 1),
               node("conv_kernel_time", 210, 40), node("conv_kernel_time", 230, 20), run(400),
               node("conv_kernel_time", 410, 30), run(600), node("conv_kernel_time", 610, 90)]
-    # Runs after the warm-up: 60 us (two calls), 30 us, 90 us -> median 60 us, twice per run.
-    assert node_times(events, skip_runs=1) == [{"name": "conv", "type": "Conv", "ms": 0.06, "calls": 2}]
+    # Runs after the warm-up: 60 us (two calls), 30 us, 90 us.
+    ops, samples = node_times(events, skip_runs=1)
+    assert ops == [{"name": "conv", "type": "Conv", "calls": 2}]
+    assert samples == [[0.06], [0.03], [0.09]]
 
 
 @pytest.mark.parametrize("symbol, kind", [("fused_conv2d1_add1_relu1", "fused_conv2d_add_relu"),
@@ -123,7 +160,8 @@ def test_bench_profile_prints_benchmark_model_tables(run_cli, export_example, tm
     assert result.returncode == 0, result.stderr
     for title in ("Operators by time", "Top by computation time", "Summary by op type", "cdf %", "Conv"):
         assert title in result.stdout
-    assert "operators add up to" in result.stdout and "of the median latency" in result.stdout
+    assert "timed rows (operators, copies, guards) add up to" in result.stdout
+    assert "of the median latency" in result.stdout and UNATTRIBUTED in result.stdout
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["ops"]["source"].startswith("onnxruntime profiler") and report["ops"]["runs"] == 3
     assert "ops" not in json.loads(run_cli("bench", str(bundle), "--iterations", "2", "--duration", "0",
@@ -134,3 +172,9 @@ def test_litert_keeps_its_xnnpack_banner_out_of_edgedyn_output(run_cli, export_e
     result = run_cli("verify", str(export_example("tiny_cnn", backend="tflite")))
     assert result.returncode == 0, result.stderr
     assert "XNNPACK delegate" not in result.stderr + result.stdout
+
+
+def test_bench_profiles_as_many_runs_as_it_timed(export_example):
+    report = run_benchmark(str(export_example("tiny_cnn", backend="portable")),
+                           BenchConfig(warmup=0, iterations=7, duration_s=0.0, profile=True))
+    assert report["iterations"] == 7 and report["ops"]["runs"] == 7

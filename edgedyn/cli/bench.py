@@ -32,7 +32,8 @@ def bench_command(
     profile: Annotated[bool, typer.Option("--profile", help="Also time each operator (the executor's profiler) and "
                                                             "print where the time goes; in --json under 'ops'.")]
     = False,
-    profile_runs: Annotated[int, typer.Option(help="Calls to profile with --profile.")] = 20,
+    profile_runs: Annotated[int, typer.Option(help="Calls to profile with --profile (default: as many as were "
+                                                   "timed, at most 1000).")] = 0,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
     emulate: Annotated[bool, typer.Option("--emulate", help="Run it on an emulated board of the bundle's kind "
@@ -49,7 +50,8 @@ def bench_command(
         output_file(Path(json_path), "--json")  # refused before the benchmark runs, not after
     options = dict(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
                    threads=threads, specialization=specialization, inputs=str(inputs) if inputs is not None else None,
-                   random_inputs=random_inputs, device=device, profile_runs=profile_runs if profile else 0)
+                   random_inputs=random_inputs, device=device, profile=profile,
+                   profile_runs=profile_runs if profile else 0)
     config = BenchConfig(**options)  # checked here, before any board is asked for
     if remote is not None:
         if emulate:
@@ -82,7 +84,7 @@ def bench_command(
 def profile_tables(ops: Dict[str, Any]) -> List[Table]:
     """benchmark_model's three views: every operator by time, the top ones, and the sum per op type."""
     with_bytes = any(node["bytes"] is not None for node in ops["nodes"])
-    per_run = "avg ms (of {} runs)".format(ops["runs"])
+    per_run = "avg ms (of {} typical runs)".format(ops["typical_runs"])
     columns = ["op", "type", "count", per_run, "%", "cdf %"] + (["bytes touched"] if with_bytes else [])
     tables = []
     for title, nodes in (("Operators by time", ops["nodes"]), ("Top by computation time", ops["nodes"][:TOP_OPS])):
@@ -113,13 +115,24 @@ def _numbers(row: Dict[str, Any], with_bytes: bool) -> List[str]:
 
 
 def profile_footer(ops: Dict[str, Any]) -> str:
-    lines = ["operators add up to {:.3f} ms per run, {:.0%} of the median latency {:.3f} ms ({})".format(
-        ops["total_ms"], ops["total_of_median"], ops["median_latency_ms"], ops["source"])]
+    """What the rows add up to, against the plain and the profiled latency, and what the profiler cannot see."""
+    from edgedyn.runtime.profiling import UNATTRIBUTED
+
+    lines = [
+        "timed rows (operators, copies, guards) add up to {:.3f} ms per run: {:.0%} of the median latency {:.3f} "
+        "ms, {:.0%} of the profiled runs' median {:.3f} ms ({})".format(ops["total_ms"], ops["total_of_median"], ops["median_latency_ms"],
+                                             ops["total_of_profiled"], ops["profiled_median_ms"], ops["source"]),
+        "all rows (with {}) add up to {:.3f} ms, {:.0%} of the median latency; averaged over the {} typical of "
+        "{} profiled runs (the middle half by time)".format(UNATTRIBUTED, ops["table_ms"],
+                                                            ops["table_of_median"], ops["typical_runs"], ops["runs"])]
+    for row in ops["nodes"]:
+        if "what" in row:
+            lines.append("{}: {}".format(row["name"], row["what"]))
     if "graph_ops" in ops:
         lines.append("operators in the graph: " + ", ".join(
             "{} x{}".format(name, count) for name, count in sorted(ops["graph_ops"].items())))
-    if "note" in ops:
-        lines.append("note: " + ops["note"])
+    for note in ([ops["note"]] if "note" in ops else []) + ops["notes"]:
+        lines.append("note: " + note)
     return "\n".join(lines)
 
 

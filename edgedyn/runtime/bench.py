@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgedyn.runtime import sysinfo
+from edgedyn.runtime import profiling, sysinfo
 from edgedyn.runtime.errors import EdgedynError, GuardError
 
 Clock = Callable[[], float]
@@ -163,7 +163,8 @@ class BenchConfig:
     random_inputs: bool = False
     device: str = "auto"  # auto: the GPU artifact when this machine can run it; or cpu, gpu
     seed: int = 0
-    profile_runs: int = 0  # > 0: also profile per operator over this many calls (report["ops"])
+    profile: bool = False  # also profile per operator (report["ops"]) over as many calls as were timed
+    profile_runs: int = 0  # > 0: profile over this many calls instead (and profile even without `profile`)
     rule: StopRule = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -246,51 +247,22 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
         "warnings": warnings,
         "env": sysinfo.environment(spec.executor.describe()),
     }
-    if config.profile_runs:
+    if config.profile or config.profile_runs:
         report_progress("profiling", 0, 0.0)
-        report["ops"] = profile_ops(spec, values, config.profile_runs, stats["median"])
+        runs = profiling.runs_to_profile(config.profile_runs, len(samples))
+        report["ops"] = profile_ops(spec, values, runs, stats["median"], report["guard_overhead_us"] / 1000.0)
     return report
 
 
-def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float) -> Dict[str, Any]:
-    """The executor's per-operator times over `runs` calls, as tables like TFLite's benchmark_model prints:
-    every node sorted by time with its share and the cumulative share, and the same summed per op type.
-
-    Executors report each operator's median time per run (a busy machine's stalls would dominate a mean; the
-    latency it is compared with is a median too) and its calls per run."""
+def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float, guard_ms: float) -> Dict[str, Any]:
+    """The executor's per-operator times over `runs` calls, summed into benchmark_model's tables
+    (edgedyn/runtime/profiling.py says how the rows add up to a typical run)."""
     profile = getattr(spec.executor, "profile", None)
     if profile is None:
         raise EdgedynError("the {} executor has no per-operator profiler".format(spec.artifact["executor"]),
                            hint="run edgedyn bench without --profile")
     raw = profile([np.ascontiguousarray(values[name]) for name in spec.inputs], runs)
-    nodes = [{"name": op["name"], "type": op["type"], "count": op["calls"], "ms": op["ms"], "bytes": op.get("bytes")}
-             for op in raw["ops"]]
-    total = sum(node["ms"] for node in nodes)
-    by_type = {}  # type: Dict[str, Dict[str, Any]]
-    for node in nodes:
-        entry = by_type.setdefault(node["type"], {"type": node["type"], "count": 0, "ms": 0.0, "bytes": None})
-        entry["count"] += 1
-        entry["ms"] += node["ms"]
-        if node["bytes"] is not None:
-            entry["bytes"] = (entry["bytes"] or 0) + node["bytes"]
-    result = {"source": raw["source"], "runs": runs, "total_ms": total, "median_latency_ms": median_ms,
-              "total_of_median": total / median_ms if median_ms > 0 else 0.0,
-              "nodes": _shares(nodes, total), "by_type": _shares(list(by_type.values()), total)}
-    for key in ("note", "graph_ops"):
-        if key in raw:
-            result[key] = raw[key]
-    return result
-
-
-def _shares(rows: List[Dict[str, Any]], total: float) -> List[Dict[str, Any]]:
-    """Rows sorted by time (slowest first) with their percent of `total` and the cumulative percent."""
-    ordered = sorted(rows, key=lambda row: -row["ms"])
-    cumulative = 0.0
-    for row in ordered:
-        share = 100.0 * row["ms"] / total if total > 0 else 0.0
-        cumulative += share
-        row["percent"], row["cumulative_percent"] = share, cumulative
-    return ordered
+    return profiling.summarize(raw, median_ms, guard_ms)
 
 
 def _choose_inputs(program: Any, config: BenchConfig) -> Tuple[Any, Dict[str, Any], str]:

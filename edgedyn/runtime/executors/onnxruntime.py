@@ -1,9 +1,11 @@
 """Runs an ONNX model (`.onnx` written by edgedyn's onnxruntime backend) with onnxruntime."""
+import bisect
 import json
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, Dict, List, Optional
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -55,14 +57,15 @@ class OnnxRuntimeExecutor:
         self.artifact = artifact
         self._run = self._native_run() or (lambda feed: self._session.run(self._outputs, feed))
 
-    def _native_run(self) -> Optional[Callable[[Dict[str, np.ndarray]], List[np.ndarray]]]:
-        """The session's own (C++) run, for CPU-only sessions, when this onnxruntime has one."""
+    def _native_run(self, session: Any = None) -> Optional[Callable[[Dict[str, np.ndarray]], List[np.ndarray]]]:
+        """The session's (default: this executor's) own C++ run, for CPU-only sessions, when onnxruntime has one."""
+        session = session or self._session
         # Note: onnxruntime's Python `run` re-validates the feed's names and its OrtValues' ownership on every call
         # (1-7 us measured on a 2-core x86 host, against ~5 us for a small model's whole call); this executor
         # always passes exactly the model's inputs as numpy arrays. Sessions with a GPU provider keep the public
         # `run`: it holds onnxruntime's retry on the CPU when a GPU provider fails.
-        native = getattr(self._session, "_sess", None)
-        if native is None or not hasattr(native, "run") or self._session.get_providers() != [CPU]:
+        native = getattr(session, "_sess", None)
+        if native is None or not hasattr(native, "run") or session.get_providers() != [CPU]:
             return None
         outputs = self._outputs
         return lambda feed: native.run(outputs, feed, None)
@@ -71,9 +74,12 @@ class OnnxRuntimeExecutor:
         return list(self._run(dict(zip(self._inputs, inputs))))
 
     def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
-        """Per-node kernel times from onnxruntime's own profiler over `runs` calls after one warm-up call."""
+        """Per-node kernel times from onnxruntime's own profiler in each of `runs` calls after a few warm-up calls,
+        and each call's wall time around session.run."""
         ort = _import_onnxruntime()
         directory = tempfile.mkdtemp(prefix="edgedyn-ort-profile-")
+        clock = time.perf_counter
+        walls = []  # type: List[float]
         try:
             options = ort.SessionOptions()
             # The same settings as the session that runs the bundle, so the profile times the same kernels.
@@ -84,15 +90,25 @@ class OnnxRuntimeExecutor:
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(directory, "profile")
             session = ort.InferenceSession(self._model, options, providers=self._session.get_providers())
+            run = self._native_run(session) or (lambda feed: session.run(self._outputs, feed))  # as run() calls
             feeds = dict(zip(self._inputs, inputs))
-            for _ in range(runs + WARMUP_RUNS):
-                session.run(self._outputs, feeds)
+            for _ in range(WARMUP_RUNS):
+                run(feeds)
+            for _ in range(runs):
+                started = clock()
+                run(feeds)
+                walls.append((clock() - started) * 1000.0)
             with open(session.end_profiling()) as handle:
                 events = json.load(handle)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-        return {"source": "onnxruntime profiler (SessionOptions.enable_profiling)", "runs": runs,
-                "ops": node_times(events, skip_runs=WARMUP_RUNS)}
+        ops, samples = node_times(events, skip_runs=WARMUP_RUNS)
+        walls = walls[:len(samples)]  # onnxruntime stops recording past its event limit: keep the runs it has
+        return {"source": "onnxruntime profiler (SessionOptions.enable_profiling), whole microseconds per node",
+                "ops": ops, "samples_ms": samples, "wall_ms": walls,
+                "unattributed": "inside session.run, outside every node's kernel: the fences between nodes, the "
+                                "binding's input and output copies, the profiler's own events and its rounding "
+                                "to whole microseconds"}
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -105,14 +121,16 @@ class OnnxRuntimeExecutor:
         }
 
 
-def node_times(events: List[Dict[str, Any]], skip_runs: int) -> List[Dict[str, Any]]:
-    """Each node's median kernel time per run in an onnxruntime profile, leaving out the first `skip_runs` runs.
+def node_times(events: List[Dict[str, Any]], skip_runs: int) -> Tuple[List[Dict[str, Any]], List[List[float]]]:
+    """The nodes of an onnxruntime profile (name, op type, calls per run) and each one's kernel time in every run
+    after the first `skip_runs` (ms, aligned with the nodes).
 
     Each node has `_fence_before`, `_kernel_time` and `_fence_after` events; only the kernel time is the node's.
     A node event belongs to the `model_run` session event whose time span holds it.
     """
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session"
                   and e.get("name") == "model_run")[skip_runs:]
+    starts = [start for start, _ in runs]
     per_run = [{} for _ in runs]  # type: List[Dict[str, float]]
     calls = [{} for _ in runs]  # type: List[Dict[str, int]]
     types = {}  # type: Dict[str, str]
@@ -120,12 +138,14 @@ def node_times(events: List[Dict[str, Any]], skip_runs: int) -> List[Dict[str, A
         name = event.get("name", "")
         if event.get("cat") != "Node" or not name.endswith("_kernel_time"):
             continue
-        run = next((i for i, (start, end) in enumerate(runs) if start <= event["ts"] <= end), None)
-        if run is None:
+        run = bisect.bisect_right(starts, event["ts"]) - 1
+        if run < 0 or event["ts"] > runs[run][1]:
             continue
         node = name[:-len("_kernel_time")]
         types.setdefault(node, event.get("args", {}).get("op_name", "?"))
         per_run[run][node] = per_run[run].get(node, 0.0) + event["dur"] / 1000.0
         calls[run][node] = calls[run].get(node, 0) + 1
-    return [{"name": node, "type": kind, "ms": float(np.median([times.get(node, 0.0) for times in per_run])),
-             "calls": max(counts.get(node, 0) for counts in calls)} for node, kind in types.items()]
+    nodes = list(types)
+    ops = [{"name": node, "type": types[node], "calls": max(counts.get(node, 0) for counts in calls)}
+           for node in nodes]
+    return ops, [[times.get(node, 0.0) for node in nodes] for times in per_run]

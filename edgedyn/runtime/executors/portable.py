@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from edgedyn.runtime import kernels, schema
+from edgedyn.runtime import kernels, profiling, schema
 from edgedyn.runtime.errors import BundleError
 from edgedyn.runtime.threads import PerThread
 
@@ -131,22 +131,38 @@ class PortableExecutor:
         return self._arenas.get().run(inputs)
 
     def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
-        """Each step's median time over `runs` calls, in this thread's arena (edgedyn/runtime/bench.py reports it)."""
+        """Each step timed in every one of `runs` calls in this thread's arena, with the copies in and out as rows
+        of their own, less the timer's own cost (runtime/profiling.py sums them)."""
         arena = self._arenas.get()
-        for target, array in zip(arena.inputs, inputs):
-            np.copyto(target, array, casting="same_kind")
-        samples = [[] for _ in arena.steps]  # type: List[List[float]]
         clock = time.perf_counter
+        overhead_ms = profiling.clock_overhead_s(clock) * 1000.0
+        walls, samples = [], []  # type: List[float], List[List[float]]
         with np.errstate(over="ignore", under="ignore"):
             for _ in range(runs):
-                for index, step in enumerate(arena.steps):
-                    started = clock()
+                times = []
+                started = clock()
+                for target, array in zip(arena.inputs, inputs):
+                    np.copyto(target, array, casting="same_kind")
+                times.append(clock())
+                for step in arena.steps:
                     step()
-                    samples[index].append(clock() - started)
-        ops = [{"name": record["name"], "type": record["op"], "ms": float(np.median(times)) * 1000.0, "calls": 1,
-                "bytes": _bytes_touched(arena.values, record)} for record, times in zip(self.graph["steps"], samples)]
-        return {"source": "portable executor timers (perf_counter around each kernel call)", "runs": runs,
-                "ops": ops}
+                    times.append(clock())
+                for output in arena.outputs:
+                    np.array(output, order="C")  # the copy run() returns
+                ended = clock()
+                times.append(ended)
+                walls.append((ended - started) * 1000.0)
+                marks = [started] + times
+                samples.append([max(0.0, (after - before) * 1000.0 - overhead_ms)
+                                for before, after in zip(marks, marks[1:])])
+        ops = ([{"name": "inputs in", "type": "copy", "calls": 1}] +
+               [{"name": record["name"], "type": record["op"], "calls": 1,
+                 "bytes": _bytes_touched(arena.values, record)} for record in self.graph["steps"]] +
+               [{"name": "outputs out", "type": "copy", "calls": 1}])
+        return {"source": "portable executor timers (perf_counter between kernel calls, less {:.2f} us each for "
+                          "the clock itself)".format(overhead_ms * 1000.0),
+                "ops": ops, "wall_ms": walls, "samples_ms": samples,
+                "unattributed": "the timer's own cost, subtracted from each step"}
 
     def describe(self) -> Dict[str, Any]:
         return {

@@ -63,48 +63,59 @@ class TvmExecutor:
         return [item.numpy() for item in _flatten(result)]
 
     def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
-        """Time per VM call: each kernel's median over `runs` replays where it ran; each VM builtin as it ran once.
+        """Each VM call (kernel or builtin) timed where it ran, in each of `runs` calls, with the copies in and out
+        as rows of their own.
 
         TVM 0.27's Relax VM has no `profile()` any more (nor the profiler executable behind it); its instrument hook
-        calls back before and after every Call instruction. Timing kernels across that hook measures the hook too:
-        between two kernels the Python callback lets TVM's worker threads fall asleep, and each kernel then pays
-        their wake-up (3x the real latency on a small CNN). So, right after a kernel ran, the hook calls it once
-        more to wake the threads and then `runs` times back to back on the same arguments, still intact then (later
-        kernels reuse their storage: replaying afterwards would read garbage, denormals included, and run slow).
+        calls back into Python before and after every Call instruction, and the time between the two callbacks is
+        the call's. What the callbacks themselves take lands in the unattributed row, and the profiled runs'
+        latency beside the plain one shows it. Note: with more than one thread, TVM's workers may fall asleep
+        during a callback and each kernel then pays their wake-up (3x a small CNN's latency measured here).
         """
-        args = [self._tvm.runtime.tensor(array, self._device) for array in inputs] + self._weights
+        tvm, device = self._tvm, self._device
         vm, main = self._vms.get()  # this thread's VM: the instrument hook is set on it alone
-        main(*args)  # warm-up: first-call allocations stay out of the profile
-        totals = {}  # type: Dict[str, Dict[str, Any]]
-        started = []  # type: List[float]
         clock = time.perf_counter
+        current = {}  # type: Dict[str, List[float]]
+        order = []  # type: List[str]
+        started = []  # type: List[float]
 
         def instrument(func: Any, symbol: str, before_run: bool, ret_value: Any, *call_args: Any) -> int:
             if before_run:
                 started.append(clock())
                 return 0
-            elapsed = clock() - started.pop()
-            if symbol.startswith("vm.builtin."):
-                _add(totals, symbol, elapsed)
-                return 0
-            func(*call_args)
-            self._device.sync()
-            times = []
-            for _ in range(runs):
-                before = clock()
-                func(*call_args)
-                self._device.sync()
-                times.append(clock() - before)
-            _add(totals, symbol, float(np.median(times)))
+            elapsed = (clock() - started.pop()) * 1000.0
+            if symbol not in order:
+                order.append(symbol)
+            current.setdefault(symbol, []).append(elapsed)
             return 0
 
+        main(*[tvm.runtime.tensor(array, device) for array in inputs] + self._weights)  # first-call allocations
+        walls, per_run = [], []  # type: List[float], List[Dict[str, Any]]
         vm.set_instrument(instrument)
         try:
-            main(*args)
+            for _ in range(runs):
+                current.clear()
+                begin = clock()
+                args = [tvm.runtime.tensor(array, device) for array in inputs]
+                converted = clock()
+                result = main(*args, *self._weights)
+                device.sync()
+                ran = clock()
+                outputs = [result] if isinstance(result, tvm.runtime.Tensor) else _flatten(result)
+                for output in outputs:
+                    output.numpy()
+                ended = clock()
+                walls.append((ended - begin) * 1000.0)
+                per_run.append(dict(current, **{"inputs in": [(converted - begin) * 1000.0],
+                                                "outputs out": [(ended - ran) * 1000.0]}))
         finally:
             vm.set_instrument(None)
-        return {"source": "TVM Relax VM instrument hook, each kernel replayed back to back", "runs": runs,
-                "ops": list(totals.values())}
+        names = ["inputs in"] + order + ["outputs out"]
+        ops = [{"name": name, "type": "copy" if name in ("inputs in", "outputs out") else _op_type(name),
+                "calls": max(len(run.get(name, ())) for run in per_run)} for name in names]
+        return {"source": "TVM Relax VM instrument hook, each call timed where it ran", "ops": ops,
+                "wall_ms": walls, "samples_ms": [[sum(run.get(name, ())) for name in names] for run in per_run],
+                "unattributed": "the VM between calls and the instrument hook's own Python callbacks"}
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -128,13 +139,6 @@ def _flatten(result: Any) -> List[Any]:
         else:
             items.extend(_flatten(item))
     return items
-
-
-def _add(totals: Dict[str, Dict[str, Any]], symbol: str, seconds: float) -> None:
-    """One call of `symbol` in the profiled run: copies of one builtin add up into one row."""
-    record = totals.setdefault(symbol, {"name": symbol, "type": _op_type(symbol), "ms": 0.0, "calls": 0})
-    record["ms"] += seconds * 1000.0
-    record["calls"] += 1
 
 
 def _op_type(symbol: str) -> str:
