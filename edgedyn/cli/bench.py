@@ -76,23 +76,26 @@ def bench_command(
     for report in reports:
         out.print(summary_table(report))
         if "ops" in report:
-            for table in profile_tables(report["ops"]):
+            label = report["emulation"]["timings"] if "emulation" in report else None
+            for table in profile_tables(report["ops"], label):
                 out.print(table)
-            out.print(profile_footer(report["ops"]))
+            out.print(profile_footer(report["ops"], label))
 
 
-def profile_tables(ops: Dict[str, Any]) -> List[Table]:
-    """benchmark_model's three views: every operator by time, the top ones, and the sum per op type."""
+def profile_tables(ops: Dict[str, Any], label: Optional[str] = None) -> List[Table]:
+    """benchmark_model's three views: every operator by time, the top ones, and the sum per op type; each title
+    carries `label` when the times were taken somewhere they mean nothing (under qemu)."""
+    suffix = " ({})".format(label) if label else ""
     with_bytes = any(node["bytes"] is not None for node in ops["nodes"])
     per_run = "avg ms (of {} typical runs)".format(ops["typical_runs"])
     columns = ["op", "type", "count", per_run, "%", "cdf %"] + (["bytes touched"] if with_bytes else [])
     tables = []
     for title, nodes in (("Operators by time", ops["nodes"]), ("Top by computation time", ops["nodes"][:TOP_OPS])):
-        table = _profile_table(title, columns)
+        table = _profile_table(title + suffix, columns)
         for node in nodes:
             table.add_row(*[node["name"], node["type"], "{:g}".format(node["count"])] + _numbers(node, with_bytes))
         tables.append(table)
-    table = _profile_table("Summary by op type", ["type", "count", per_run, "%", "cdf %"] +
+    table = _profile_table("Summary by op type" + suffix, ["type", "count", per_run, "%", "cdf %"] +
                            (["bytes touched"] if with_bytes else []))
     for entry in ops["by_type"]:
         table.add_row(*[entry["type"], str(entry["count"])] + _numbers(entry, with_bytes))
@@ -114,7 +117,7 @@ def _numbers(row: Dict[str, Any], with_bytes: bool) -> List[str]:
     return cells
 
 
-def profile_footer(ops: Dict[str, Any]) -> str:
+def profile_footer(ops: Dict[str, Any], label: Optional[str] = None) -> str:
     """What the rows add up to, against the plain and the profiled latency, and what the profiler cannot see."""
     from edgedyn.runtime.profiling import UNATTRIBUTED
 
@@ -133,6 +136,8 @@ def profile_footer(ops: Dict[str, Any]) -> str:
             "{} x{}".format(name, count) for name, count in sorted(ops["graph_ops"].items())))
     for note in ([ops["note"]] if "note" in ops else []) + ops["notes"]:
         lines.append("note: " + note)
+    if label:
+        lines.append("note: these operator times were taken {}; profile on the board itself".format(label))
     return "\n".join(lines)
 
 

@@ -49,7 +49,8 @@ def bench_emulated(bundle: Path, config: Any) -> Dict[str, Any]:
         raise SystemExit(result.returncode)
     sys.stderr.write(board.banner() + "\n")
     report = json.loads(result.stdout)  # type: Dict[str, Any]
-    report["emulation"] = dict(board.describe(), timings=MEANINGLESS, timing_fields=list(TIMINGS))
+    timed = list(TIMINGS) + (["ops"] if "ops" in report else [])  # a profile's op times are timings too
+    report["emulation"] = dict(board.describe(), timings=MEANINGLESS, timing_fields=timed)
     report["warnings"] = list(report.get("warnings", [])) + [
         "timed on an emulated {} under qemu-user: the timings say nothing about the board; run "
         "`edgedyn bench` on the board itself".format(board.name)]
@@ -63,6 +64,8 @@ def bench_options(config: Any) -> List[str]:
                "--device", config.device]
     options += _option("--threads", config.threads) + _option("--specialization", config.specialization)
     options += _option("--inputs", str(Path(config.inputs).resolve()) if config.inputs else None)
+    if config.profile or config.profile_runs:
+        options += ["--profile"] + _option("--profile-runs", config.profile_runs or None)
     return options + (["--random-inputs"] if config.random_inputs else [])
 
 

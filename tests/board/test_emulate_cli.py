@@ -138,6 +138,21 @@ def test_bench_emulate_labels_every_timing(exported, tmp_path):
     assert report["emulation"]["qemu_cpu"] == "cortex-a76"
 
 
+def test_bench_emulate_profile_comes_back_labelled(exported, tmp_path):
+    bundle = exported("raspberry-pi-4")
+    result = edgedyn_cli("bench", str(bundle), "--emulate", "--iterations", "3", "--warmup", "1", "--duration", "0",
+                         "--profile", "--json", str(tmp_path / "bench.json"))
+    assert result.returncode == 0, result.stderr
+    for title in ("Operators by time", "Top by computation time", "Summary by op type"):
+        assert "{} (under qemu emulation: meaningless)".format(title) in result.stdout
+    assert "note: these operator times were taken under qemu emulation: meaningless" in result.stdout
+    report = json.loads((tmp_path / "bench.json").read_text())
+    ops = report["ops"]
+    assert ops["runs"] == report["iterations"] >= 3 and "ops" in report["emulation"]["timing_fields"]
+    assert report["env"]["machine"] == "aarch64" and ops["nodes"] and ops["total_ms"] > 0
+    assert "(edgedyn guards)" in [node["name"] for node in ops["nodes"]]
+
+
 def test_missing_host_tools_name_the_packages(exported):
     bundle = exported("raspberry-pi-4")
     result = edgedyn_cli("verify", str(bundle), "--emulate", env={"PATH": str(Path(sys.executable).parent)})
