@@ -2,11 +2,15 @@
 
 A source is a folder of .npy files (one sample each, or one file per input named after it inside a sub-folder per
 sample), an .npz (one array per input, the samples stacked along dim 0), `path.py:fn` (a function returning an
-iterable of input tuples), or the word `random`. Samples are tuples of arrays in the order of the model's tensor
-inputs. Each specialization gets batches of exactly its input shapes: samples that already have them are used as
+iterable of input tuples or of {input name: array} dicts), or the word `random`. Samples are tuples of arrays in
+the order of the model's tensor inputs. Each specialization gets batches of exactly its input shapes: samples that already have them are used as
 they are; otherwise the samples are concatenated along dim 0 and cut again to the specialization's batch size (so
-the same 1x64 samples calibrate both x=1x64 and x=8x64). An .npz names its arrays: they are matched to the
-inputs by name (`x` or `input.x`), never by position.
+the same 1x64 samples calibrate both x=1x64 and x=8x64).
+
+Note: a source that names its arrays is matched to the inputs by name, never by position: an .npz's keys (`x` or
+`input.x`), the file names inside a folder per sample (`sample0/x.npy`), a dict's keys. Wrong names are refused
+with the expected ones; the right names in another order are reordered. Only sources without names (a flat folder
+of .npy files, one sample each; tuples) are taken in input order.
 """
 import importlib.util
 import logging
@@ -55,15 +59,16 @@ def load(source: Any, what: str = "--calibration") -> Samples:
         log.warning(RANDOM_WARNING)
         return Samples(source=RANDOM, random=True)
     if not isinstance(source, (str, Path)):
-        return Samples(source="<iterable>", samples=tuple(_as_sample(s) for s in source))
+        return _from_items("<iterable>", source)
     text = str(source)
     if ".py:" in text:
-        return Samples(source=text, samples=tuple(_as_sample(s) for s in _call_function(text, what)))
+        return _from_items(text, _call_function(text, what))
     path = Path(text)
     if not path.exists():
         raise EdgedynError("{} {}: no such file or folder".format(what, text), hint=RANDOM_HINT)
     if path.is_dir():
-        return Samples(source=text, samples=_folder(path, what))
+        samples, names = _folder(path, what)
+        return Samples(source=text, samples=samples, names=names)
     if path.suffix == ".npz":
         with np.load(str(path), allow_pickle=False) as data:
             names = tuple(key[len("input."):] if key.startswith("input.") else key for key in data.files)
@@ -75,14 +80,38 @@ def load(source: Any, what: str = "--calibration") -> Samples:
                        hint=RANDOM_HINT)
 
 
-def _folder(path: Path, what: str) -> Tuple[Sample, ...]:
+def _folder(path: Path, what: str) -> Tuple[Tuple[Sample, ...], Tuple[str, ...]]:
+    """A flat folder's .npy files (one sample each, unnamed), or one sub-folder per sample whose .npy files are
+    named after the inputs (the names, in the files' sorted order)."""
     files = sorted(path.glob("*.npy"))
     if files:
-        return tuple((np.load(str(f), allow_pickle=False),) for f in files)
+        return tuple((np.load(str(f), allow_pickle=False),) for f in files), ()
     folders = sorted(p for p in path.iterdir() if p.is_dir())
-    if folders:  # one sub-folder per sample with one .npy per input, in name order
-        return tuple(tuple(np.load(str(f), allow_pickle=False) for f in sorted(d.glob("*.npy"))) for d in folders)
-    raise EdgedynError("{} {}: the folder has no .npy files".format(what, path), hint=RANDOM_HINT)
+    if not folders:
+        raise EdgedynError("{} {}: the folder has no .npy files".format(what, path), hint=RANDOM_HINT)
+    names = tuple(f.stem for f in sorted(folders[0].glob("*.npy")))
+    for folder in folders:
+        found = tuple(f.stem for f in sorted(folder.glob("*.npy")))
+        if found != names:
+            raise EdgedynError("{} {}: sample folder {} holds {}, but {} holds {}".format(
+                what, path, folder.name, ", ".join(found) or "no .npy files", folders[0].name, ", ".join(names)),
+                hint="give every sample folder one .npy per input, named after the input")
+    samples = tuple(tuple(np.load(str(folder / (name + ".npy")), allow_pickle=False) for name in names)
+                    for folder in folders)
+    return samples, names
+
+
+def _from_items(source: str, items: Any) -> Samples:
+    """Samples from an iterable of tuples (input order) or of {name: array} dicts (matched by name later)."""
+    items = list(items)
+    if not items or not all(isinstance(item, dict) for item in items):
+        return Samples(source=source, samples=tuple(_as_sample(item) for item in items))
+    names = tuple(items[0])
+    if any(tuple(item) != names for item in items):
+        raise EdgedynError("{}: every sample dict must have the same keys; the first has {}".format(
+            source, ", ".join(names)), hint="give each sample as {input name: array} for every tensor input")
+    return Samples(source=source, samples=tuple(_as_sample([item[name] for name in names]) for item in items),
+                   names=names)
 
 
 def _call_function(reference: str, what: str) -> Any:
@@ -131,8 +160,9 @@ def by_name(samples: Samples, names: Sequence[str]) -> Samples:
             found = "; ".join(part for part in ("has array(s) {} that name no input".format(", ".join(unknown)),
                                                 found) if part)
         raise EdgedynError("{} {}; the model's tensor inputs are: {}".format(samples.source, found, ", ".join(names)),
-                           hint="save one array per input under its name: numpy.savez(path, {})".format(
-                               ", ".join("{}=...".format(name) for name in names)))
+                           hint="save one array per input under its name: numpy.savez(path, {}), or a folder "
+                                "per sample holding {}".format(", ".join("{}=...".format(name) for name in names),
+                                                               ", ".join(name + ".npy" for name in names)))
     order = [given.index(name) for name in names]
     return Samples(source=samples.source, samples=tuple(tuple(sample[i] for i in order) for sample in samples.samples),
                    names=tuple(names))

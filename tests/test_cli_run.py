@@ -196,6 +196,90 @@ def test_calibration_npz_arrays_are_matched_by_name(tmp_path):
     assert "numpy.savez(path, a=..., b=...)" in info.value.hint
 
 
+# Two inputs of different widths: a sample matched by position the wrong way round cannot fit, so an export that
+# succeeds with the arrays given in the other order proves they were matched by name.
+TWO_INPUTS = """
+import torch
+
+
+class TwoInputs(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fa, self.fb = torch.nn.Linear(3, 8), torch.nn.Linear(5, 8)
+
+    def forward(self, a, b):
+        return torch.relu(self.fa(a) + self.fb(b))
+"""
+
+
+def _two_input_samples(count: int = 12) -> list:
+    rng = np.random.default_rng(26)
+    return [{"b": rng.standard_normal((1, 5)).astype(np.float32), "a": rng.standard_normal((1, 3)).astype(np.float32)}
+            for _ in range(count)]
+
+
+def _write_sources(folder: Path, samples: list, names: dict) -> tuple:
+    """The samples as an .npz and as a folder per sample, each array saved under names[input]."""
+    np.savez(folder / "samples.npz", **{names[k]: np.concatenate([s[k] for s in samples]) for k in ("b", "a")})
+    for i, sample in enumerate(samples):
+        (folder / "samples" / "{:03d}".format(i)).mkdir(parents=True)
+        for key, array in sample.items():
+            np.save(folder / "samples" / "{:03d}".format(i) / (names[key] + ".npy"), array)
+    return folder / "samples.npz", folder / "samples"
+
+
+def test_calibration_sources_are_matched_by_name_through_the_cli(run_cli, tmp_path):
+    (tmp_path / "two.py").write_text(TWO_INPUTS)
+    model = "{}:TwoInputs".format(tmp_path / "two.py")
+    samples = _two_input_samples()
+    right = tmp_path / "right"
+    right.mkdir()
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    for source in _write_sources(right, samples, {"a": "a", "b": "b"}):  # b before a: not the model's order
+        result = run_cli("export", model, "-i", "a=1x3", "-i", "b=1x5", "--backend", "onnxruntime", "--quantize",
+                         "int8", "--calibration", str(source), "-o", str(tmp_path / "two.edgedyn"))
+        assert result.returncode == 0, result.stderr
+    for source in _write_sources(wrong, samples, {"a": "a", "b": "c"}):
+        result = run_cli("export", model, "-i", "a=1x3", "-i", "b=1x5", "--backend", "onnxruntime", "--quantize",
+                         "int8", "--calibration", str(source), "-o", str(tmp_path / "never.edgedyn"))
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert "has array(s) c that name no input; has no array for b; the model's tensor inputs are: a, b" in \
+            result.stderr
+        assert "hint: save one array per input under its name: numpy.savez(path, a=..., b=...), or a folder per " \
+            "sample holding a.npy, b.npy" in result.stderr
+        assert not (tmp_path / "never.edgedyn").exists()
+
+
+def test_calibration_by_name_through_the_api(tmp_path):
+    import edgedyn
+
+    (tmp_path / "two.py").write_text(TWO_INPUTS)
+    model = "{}:TwoInputs".format(tmp_path / "two.py")
+    samples = _two_input_samples()
+    _, folder = _write_sources(tmp_path, samples, {"a": "a", "b": "b"})
+    for source in (str(folder), samples):  # a folder per sample, and {name: array} dicts in another order
+        bundle = edgedyn.export(model, inputs=["a=1x3", "b=1x5"], backend="onnxruntime", quantize="int8",
+                                calibration=source, output=tmp_path / "two.edgedyn")
+        assert bundle.is_file()
+    loaded = calibration.load(str(folder))
+    assert loaded.names == ("a", "b") and loaded.samples[0][0].shape == (1, 3)
+    with pytest.raises(EdgedynError) as info:
+        edgedyn.export(model, inputs=["a=1x3", "b=1x5"], backend="onnxruntime", quantize="int8",
+                       calibration=[{"a": s["a"], "x": s["b"]} for s in samples], output=tmp_path / "never.edgedyn")
+    assert "has array(s) x that name no input; has no array for b; the model's tensor inputs are: a, b" in str(
+        info.value)
+    # Position only where nothing is named: a flat folder of .npy files, one sample each, and tuples.
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    np.save(flat / "000.npy", samples[0]["a"])
+    assert calibration.load(str(flat)).names == () and calibration.load([(samples[0]["a"],)]).names == ()
+    (folder / "000" / "a.npy").rename(folder / "000" / "z.npy")
+    with pytest.raises(EdgedynError, match="sample folder 001 holds a, b, but 000 holds b, z"):
+        calibration.load(str(folder))
+
+
 def test_calibration_random_warns(caplog):
     with caplog.at_level(logging.WARNING, logger="edgedyn"):
         assert calibration.load("random").random
