@@ -286,6 +286,14 @@ def test_calibration_random_warns(caplog):
     assert "warning: --calibration random: int8 scales from random normal inputs" in caplog.text
 
 
+def test_calibration_random_warns_once_on_the_command_line(run_cli, tmp_path):
+    result = run_cli("export", str(EXAMPLES / "mlp.py") + ":MLP", "-i", "x=1x64", "--backend", "onnxruntime",
+                     "--quantize", "int8", "--calibration", "random", "-o", str(tmp_path / "r.edgedyn"))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "--calibration random" in line]
+    assert warnings == [calibration.RANDOM_WARNING], result.stderr
+
+
 def test_the_arena_picture_says_whose_memory_it_is(run_cli, export_example, tmp_path):
     for backend, label in (("onnxruntime", "planned, not used by onnxruntime"),
                            ("portable", "used by the portable executor")):
