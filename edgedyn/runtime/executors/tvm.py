@@ -69,8 +69,9 @@ class TvmExecutor:
         TVM 0.27's Relax VM has no `profile()` any more (nor the profiler executable behind it); its instrument hook
         calls back into Python before and after every Call instruction, and the time between the two callbacks is
         the call's. What the callbacks themselves take lands in the unattributed row, and the profiled runs'
-        latency beside the plain one shows it. Note: with more than one thread, TVM's workers may fall asleep
-        during a callback and each kernel then pays their wake-up (3x a small CNN's latency measured here).
+        latency beside the plain one shows it (tiny_cnn on a 2-core x86 host: profiled runs 118% of the plain
+        median with 1 thread, 119% with 2; replaying each kernel back to back instead left out the VM and the
+        copies, and on a loaded machine the preemptions that a whole run suffers).
         """
         tvm, device = self._tvm, self._device
         vm, main = self._vms.get()  # this thread's VM: the instrument hook is set on it alone
