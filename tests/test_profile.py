@@ -32,7 +32,7 @@ def _check_shares(rows: List[Dict[str, Any]]) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_each_backend_profiles_every_operator(export_example, backend):
     ops = _profile(export_example("tiny_cnn", backend=backend))
-    assert ops["runs"] == 3 and ops["typical_runs"] == 3 - 2 * (3 // 4) and ops["total_ms"] > 0 and ops["median_latency_ms"] > 0
+    assert ops["runs"] == 3 and ops["typical_runs"] == 1 and ops["total_ms"] > 0 and ops["median_latency_ms"] > 0
     _check_shares(ops["nodes"])
     _check_shares(ops["by_type"])
     assert sum(entry["count"] for entry in ops["by_type"]) == len(ops["nodes"])
@@ -76,14 +76,17 @@ def test_the_profile_leaves_results_unchanged(export_example):
 
 
 class _FakeExecutor:
-    """Four runs of three ops; the second run was preempted (40 ms), the first ran fastest."""
+    """Five runs of three ops; the second was preempted (40 ms), the first ran fastest; a plain call between each."""
 
-    def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
+    def profile(self, inputs: List[np.ndarray], runs: int, between: Any = None) -> Dict[str, Any]:
+        for _ in range(5):
+            if between is not None:
+                between()
         return {"source": "fake", "unattributed": "between ops", "ops": [
             {"name": "a", "type": "Conv", "calls": 1}, {"name": "b", "type": "Relu", "calls": 1, "bytes": 64},
             {"name": "c", "type": "Conv", "calls": 2}],
-            "wall_ms": [9.0, 40.0, 10.0, 11.0],
-            "samples_ms": [[5.0, 1.0, 2.0], [30.0, 1.0, 3.0], [6.0, 1.0, 3.0], [6.0, 1.0, 3.0]]}
+            "wall_ms": [9.0, 40.0, 10.5, 11.0, 12.0],
+            "samples_ms": [[5.0, 1.0, 2.0], [30.0, 1.0, 3.0], [6.0, 1.0, 3.0], [6.5, 1.0, 3.0], [7.0, 2.0, 3.0]]}
 
 
 class _FakeSpec:
@@ -93,40 +96,48 @@ class _FakeSpec:
 
 
 def test_rows_average_the_typical_runs_and_add_up_to_them():
-    ops = profile_ops(_FakeSpec(), {"x": np.ones(2, np.float32)}, runs=4, median_ms=12.5, guard_ms=0.5)
-    # The middle half by wall time: the 10 ms and 11 ms runs (9 ms is the fastest quarter, 40 ms the slowest).
-    assert ops["runs"] == 4 and ops["typical_runs"] == 2
+    ticks = iter(np.arange(0.0, 1.0, 0.011))  # each plain call between the profiled ones takes 11 ms
+    calls = []
+    ops = profile_ops(_FakeSpec(), {"x": np.ones(2, np.float32)}, runs=5, median_ms=12.5, guard_ms=0.5,
+                      call=lambda: calls.append(1), clock=lambda: float(next(ticks)))
+    # The middle fifth by wall time: the median run, 11 ms.
+    assert ops["runs"] == 5 and ops["typical_runs"] == 1 and len(calls) == 5
+    assert ops["interleaved_median_ms"] == pytest.approx(11.0)
     rows = {n["name"]: n for n in ops["nodes"]}
-    assert [rows[name]["ms"] for name in ("a", "b", "c", GUARDS)] == [6.0, 1.0, 3.0, 0.5]
+    assert [rows[name]["ms"] for name in ("a", "b", "c", GUARDS)] == [6.5, 1.0, 3.0, 0.5]
     assert rows[UNATTRIBUTED]["ms"] == pytest.approx(0.5) and rows[UNATTRIBUTED]["what"] == "between ops"
-    assert ops["total_ms"] == 10.5 and ops["table_ms"] == pytest.approx(11.0)  # the typical runs' mean + guards
-    assert ops["total_of_median"] == pytest.approx(10.5 / 12.5)
-    assert ops["profiled_median_ms"] == pytest.approx(10.5 + 0.5)
+    assert ops["total_ms"] == 11.0 and ops["table_ms"] == pytest.approx(11.5)  # the typical run + guards
+    assert ops["total_of_median"] == pytest.approx(11.0 / 12.5)
+    assert ops["total_of_interleaved"] == pytest.approx(1.0)
+    assert ops["profiled_median_ms"] == pytest.approx(11.0 + 0.5)
     assert [n["name"] for n in ops["nodes"]] == ["a", "c", "b", GUARDS, UNATTRIBUTED]  # by time; ties keep order
     assert ops["nodes"][-1]["cumulative_percent"] == pytest.approx(100.0)
     by_type = {t["type"]: t for t in ops["by_type"]}
-    assert (by_type["Conv"]["count"], by_type["Conv"]["ms"], by_type["Relu"]["bytes"]) == (2, 9.0, 64)
+    assert (by_type["Conv"]["count"], by_type["Conv"]["ms"], by_type["Relu"]["bytes"]) == (2, 9.5, 64)
     assert ops["notes"] == []
 
 
 def test_ops_that_add_up_to_more_than_their_runs_say_so_without_a_negative_row():
     class Over(_FakeExecutor):
-        def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
-            raw = super().profile(inputs, runs)
-            return dict(raw, wall_ms=[8.0, 8.0, 8.0, 8.0])
+        def profile(self, inputs: List[np.ndarray], runs: int, between: Any = None) -> Dict[str, Any]:
+            raw = super().profile(inputs, runs, between)
+            return dict(raw, wall_ms=[8.0] * 5)
 
     spec = _FakeSpec()
     spec.executor = Over()
-    ops = profile_ops(spec, {"x": np.ones(2, np.float32)}, runs=4, median_ms=30.0, guard_ms=0.0)
+    ticks = iter(np.arange(0.0, 1.0, 0.002))  # plain calls of 2 ms between the profiled runs
+    ops = profile_ops(spec, {"x": np.ones(2, np.float32)}, runs=5, median_ms=30.0, guard_ms=0.0,
+                      call=lambda: None, clock=lambda: float(next(ticks)))
     assert UNATTRIBUTED not in [n["name"] for n in ops["nodes"]] and ops["unattributed_ms"] < 0
     assert "more than their runs took" in ops["notes"][0]
-    assert "profiled runs' median is 27% of the timing loop's" in ops["notes"][1]
+    assert "the profiled runs' median is 400% of the plain calls' timed between them" in ops["notes"][1]
+    assert "plain calls timed between the profiled ones took 7% of the timing loop's median" in ops["notes"][2]
 
 
 def test_profiled_runs_default_to_the_timed_count_capped():
     assert runs_to_profile(0, 37) == 37 and runs_to_profile(0, 10 ** 6) == MAX_RUNS and runs_to_profile(5, 37) == 5
-    assert typical_runs([5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0, 8.0]) == [4, 2, 0, 6]  # 3, 4, 5, 7 ms: the middle half
-    assert typical_runs([3.0, 1.0, 2.0]) == [1, 2, 0] and typical_runs([2.0]) == [0]
+    assert typical_runs([5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0, 8.0]) == [2, 0]  # 4 and 5 ms: the middle fifth
+    assert typical_runs([3.0, 1.0, 2.0]) == [2] and typical_runs([2.0]) == [0]
 
 
 def test_onnxruntime_events_give_kernel_times_per_run_without_warm_up_or_fences():

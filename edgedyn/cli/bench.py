@@ -123,10 +123,12 @@ def profile_footer(ops: Dict[str, Any], label: Optional[str] = None) -> str:
 
     lines = [
         "timed rows (operators, copies, guards) add up to {:.3f} ms per run: {:.0%} of the median latency {:.3f} "
-        "ms, {:.0%} of the profiled runs' median {:.3f} ms ({})".format(ops["total_ms"], ops["total_of_median"], ops["median_latency_ms"],
-                                             ops["total_of_profiled"], ops["profiled_median_ms"], ops["source"]),
+        "ms, {:.0%} of plain calls timed between the profiled ones ({:.3f} ms), {:.0%} of the profiled runs' "
+        "median {:.3f} ms ({})".format(ops["total_ms"], ops["total_of_median"], ops["median_latency_ms"],
+                                       ops["total_of_interleaved"], ops["interleaved_median_ms"],
+                                       ops["total_of_profiled"], ops["profiled_median_ms"], ops["source"]),
         "all rows (with {}) add up to {:.3f} ms, {:.0%} of the median latency; averaged over the {} typical of "
-        "{} profiled runs (the middle half by time)".format(UNATTRIBUTED, ops["table_ms"],
+        "{} profiled runs (the middle fifth by time)".format(UNATTRIBUTED, ops["table_ms"],
                                                             ops["table_of_median"], ops["typical_runs"], ops["runs"])]
     for row in ops["nodes"]:
         if "what" in row:

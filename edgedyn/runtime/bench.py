@@ -250,19 +250,30 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
     if config.profile or config.profile_runs:
         report_progress("profiling", 0, 0.0)
         runs = profiling.runs_to_profile(config.profile_runs, len(samples))
-        report["ops"] = profile_ops(spec, values, runs, stats["median"], report["guard_overhead_us"] / 1000.0)
+        report["ops"] = profile_ops(spec, values, runs, stats["median"], report["guard_overhead_us"] / 1000.0,
+                                    call, clock)
     return report
 
 
-def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float, guard_ms: float) -> Dict[str, Any]:
+def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float, guard_ms: float,
+                call: Optional[Callable[[], Any]] = None, clock: Clock = time.perf_counter) -> Dict[str, Any]:
     """The executor's per-operator times over `runs` calls, summed into benchmark_model's tables
-    (edgedyn/runtime/profiling.py says how the rows add up to a typical run)."""
+    (edgedyn/runtime/profiling.py says how the rows add up to a typical run); `call`, the timed call, runs between
+    the profiled ones so both see the same machine."""
     profile = getattr(spec.executor, "profile", None)
     if profile is None:
         raise EdgedynError("the {} executor has no per-operator profiler".format(spec.artifact["executor"]),
                            hint="run edgedyn bench without --profile")
-    raw = profile([np.ascontiguousarray(values[name]) for name in spec.inputs], runs)
-    return profiling.summarize(raw, median_ms, guard_ms)
+    interleaved = []  # type: List[float]
+
+    def timed_call() -> None:
+        before = clock()
+        call()
+        interleaved.append((clock() - before) * 1000.0)
+
+    arrays = [np.ascontiguousarray(values[name]) for name in spec.inputs]
+    raw = profile(arrays, runs, timed_call) if call is not None else profile(arrays, runs)
+    return profiling.summarize(raw, median_ms, guard_ms, interleaved)
 
 
 def _choose_inputs(program: Any, config: BenchConfig) -> Tuple[Any, Dict[str, Any], str]:

@@ -5,11 +5,11 @@ import struct
 import tempfile
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
-from edgedyn.runtime import schema
+from edgedyn.runtime import profiling, schema
 from edgedyn.runtime.errors import BundleError, MissingDependencyError
 
 _HINT = "pip install 'edgedyn[litert]'"
@@ -82,15 +82,16 @@ class LiteRtExecutor:
         with self._lock:
             return self._interpreter.run(inputs)
 
-    def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
+    def profile(self, inputs: List[np.ndarray], runs: int,
+                between: Callable[[], None] = profiling.nothing) -> Dict[str, Any]:
         """Each of `runs` calls split into setting the inputs, invoke() as a whole and reading the outputs: LiteRT's
         Python API has no per-operator profiler (see NO_OP_PROFILER)."""
         clock = time.perf_counter
-        with self._lock:
-            interpreter = self._interpreter.interpreter
-            self._interpreter.run(inputs)  # warm-up
-            walls, samples = [], []  # type: List[float], List[List[float]]
-            for _ in range(runs):
+        interpreter = self._interpreter.interpreter
+        self.run(inputs)  # warm-up
+        walls, samples = [], []  # type: List[float], List[List[float]]
+        for _ in range(runs):
+            with self._lock:  # per run: `between` may call run(), which takes the lock
                 started = clock()
                 for (index, dtype), array in zip(self._interpreter.inputs, inputs):
                     interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=dtype))
@@ -103,6 +104,8 @@ class LiteRtExecutor:
                 walls.append((ended - started) * 1000.0)
                 samples.append([(inputs_set - started) * 1000.0, (invoked - inputs_set) * 1000.0,
                                 (ended - invoked) * 1000.0])
+            between()
+        with self._lock:
             counts = {}  # type: Dict[str, int]
             for op in interpreter._get_ops_details():  # the model's operators, as written into the .tflite
                 counts[op["op_name"]] = counts.get(op["op_name"], 0) + 1

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from edgedyn.runtime import profiling
 from edgedyn.runtime.errors import MissingDependencyError
 
 CPU = "CPUExecutionProvider"
@@ -73,7 +74,8 @@ class OnnxRuntimeExecutor:
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
         return list(self._run(dict(zip(self._inputs, inputs))))
 
-    def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
+    def profile(self, inputs: List[np.ndarray], runs: int,
+                between: Callable[[], None] = profiling.nothing) -> Dict[str, Any]:
         """Per-node kernel times from onnxruntime's own profiler in each of `runs` calls after a few warm-up calls,
         and each call's wall time around session.run."""
         ort = _import_onnxruntime()
@@ -98,6 +100,7 @@ class OnnxRuntimeExecutor:
                 started = clock()
                 run(feeds)
                 walls.append((clock() - started) * 1000.0)
+                between()
             with open(session.end_profiling()) as handle:
                 events = json.load(handle)
         finally:

@@ -130,7 +130,8 @@ class PortableExecutor:
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
         return self._arenas.get().run(inputs)
 
-    def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
+    def profile(self, inputs: List[np.ndarray], runs: int,
+                between: Callable[[], None] = profiling.nothing) -> Dict[str, Any]:
         """Each step timed in every one of `runs` calls in this thread's arena, with the copies in and out as rows
         of their own, less the timer's own cost (runtime/profiling.py sums them)."""
         arena = self._arenas.get()
@@ -155,6 +156,7 @@ class PortableExecutor:
                 marks = [started] + times
                 samples.append([max(0.0, (after - before) * 1000.0 - overhead_ms)
                                 for before, after in zip(marks, marks[1:])])
+                between()
         ops = ([{"name": "inputs in", "type": "copy", "calls": 1}] +
                [{"name": record["name"], "type": record["op"], "calls": 1,
                  "bytes": _bytes_touched(arena.values, record)} for record in self.graph["steps"]] +

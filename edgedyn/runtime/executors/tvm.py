@@ -3,10 +3,11 @@ import os
 import re
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
+from edgedyn.runtime import profiling
 from edgedyn.runtime.errors import MissingDependencyError
 from edgedyn.runtime.threads import PerThread
 
@@ -62,7 +63,8 @@ class TvmExecutor:
             return [result.numpy()]
         return [item.numpy() for item in _flatten(result)]
 
-    def profile(self, inputs: List[np.ndarray], runs: int) -> Dict[str, Any]:
+    def profile(self, inputs: List[np.ndarray], runs: int,
+                between: Callable[[], None] = profiling.nothing) -> Dict[str, Any]:
         """Each VM call (kernel or builtin) timed where it ran, in each of `runs` calls, with the copies in and out
         as rows of their own.
 
@@ -92,9 +94,9 @@ class TvmExecutor:
 
         main(*[tvm.runtime.tensor(array, device) for array in inputs] + self._weights)  # first-call allocations
         walls, per_run = [], []  # type: List[float], List[Dict[str, Any]]
-        vm.set_instrument(instrument)
         try:
             for _ in range(runs):
+                vm.set_instrument(instrument)  # only for the profiled run: `between` runs this VM unhooked
                 current.clear()
                 begin = clock()
                 args = [tvm.runtime.tensor(array, device) for array in inputs]
@@ -109,6 +111,8 @@ class TvmExecutor:
                 walls.append((ended - begin) * 1000.0)
                 per_run.append(dict(current, **{"inputs in": [(converted - begin) * 1000.0],
                                                 "outputs out": [(ended - ran) * 1000.0]}))
+                vm.set_instrument(None)
+                between()
         finally:
             vm.set_instrument(None)
         names = ["inputs in"] + order + ["outputs out"]
