@@ -164,7 +164,7 @@ class PortableExecutor:
         return {"source": "portable executor timers (perf_counter between kernel calls, less {:.2f} us each for "
                           "the clock itself)".format(overhead_ms * 1000.0),
                 "ops": ops, "wall_ms": walls, "samples_ms": samples,
-                "unattributed": "the timer's own cost, subtracted from each step"}
+                "unattributed": "the loop between steps and the timer's own cost (subtracted from each step)"}
 
     def describe(self) -> Dict[str, Any]:
         return {

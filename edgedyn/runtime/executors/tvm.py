@@ -82,10 +82,14 @@ class TvmExecutor:
         order = []  # type: List[str]
         started = []  # type: List[float]
 
+        on_gpu = self.artifact.get("device", "cpu") != "cpu"  # GPU kernels return at launch: wait for each
+
         def instrument(func: Any, symbol: str, before_run: bool, ret_value: Any, *call_args: Any) -> int:
             if before_run:
                 started.append(clock())
                 return 0
+            if on_gpu:
+                device.sync()
             elapsed = (clock() - started.pop()) * 1000.0
             if symbol not in order:
                 order.append(symbol)
