@@ -259,17 +259,23 @@ def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float, 
                 call: Optional[Callable[[], Any]] = None, clock: Clock = time.perf_counter) -> Dict[str, Any]:
     """The executor's per-operator times over `runs` calls, summed into benchmark_model's tables
     (edgedyn/runtime/profiling.py says how the rows add up to a typical run); `call`, the timed call, runs between
-    the profiled ones so both see the same machine."""
+    blocks of profiled ones so both see the same machine."""
     profile = getattr(spec.executor, "profile", None)
     if profile is None:
         raise EdgedynError("the {} executor has no per-operator profiler".format(spec.artifact["executor"]),
                            hint="run edgedyn bench without --profile")
     interleaved = []  # type: List[float]
+    block = min(profiling.INTERLEAVE_BLOCK, runs)
+    profiled = [0]
 
     def timed_call() -> None:
-        before = clock()
-        call()
-        interleaved.append((clock() - before) * 1000.0)
+        profiled[0] += 1
+        if profiled[0] % block:
+            return
+        for _ in range(block):
+            before = clock()
+            call()
+            interleaved.append((clock() - before) * 1000.0)
 
     arrays = [np.ascontiguousarray(values[name]) for name in spec.inputs]
     raw = profile(arrays, runs, timed_call) if call is not None else profile(arrays, runs)
