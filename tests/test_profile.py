@@ -12,7 +12,7 @@ import pytest
 import edgedyn.runtime as rt
 from edgedyn.runtime.bench import BenchConfig, profile_ops, run_benchmark
 from edgedyn.runtime.profiling import GUARDS, MAX_RUNS, UNATTRIBUTED, runs_to_profile, typical_runs
-from edgedyn.runtime.executors.onnxruntime import node_times
+from edgedyn.runtime.executors.onnxruntime import node_times, profiler_floor_ms
 from edgedyn.runtime.executors.tvm import _op_type
 
 BACKENDS = ["onnxruntime", "tflite", "tvm", "portable"]
@@ -154,6 +154,17 @@ def test_onnxruntime_events_give_kernel_times_per_run_without_warm_up_or_fences(
     ops, samples = node_times(events, skip_runs=1)
     assert ops == [{"name": "conv", "type": "Conv", "calls": 2}]
     assert samples == [[0.06], [0.03], [0.09]]
+
+
+def test_onnxruntime_profiler_floor_is_the_shortest_span_per_call():
+    ops = [{"name": "conv", "type": "Conv", "calls": 2}, {"name": "reshape", "type": "Reshape", "calls": 1},
+           {"name": "gemm", "type": "Gemm", "calls": 1}]
+    # Per-call medians: conv 0.02 ms, reshape 0.003 ms, gemm 0.05 ms; the middle run is the median of each.
+    samples = [[0.03, 0.002, 0.04], [0.04, 0.003, 0.05], [0.05, 0.009, 0.07]]
+    assert profiler_floor_ms(ops, samples) == pytest.approx(0.003)
+    # A single node is all there is to attribute: nothing is taken off it.
+    assert profiler_floor_ms(ops[:1], [[0.04], [0.05]]) == 0.0
+    assert profiler_floor_ms(ops, []) == 0.0
 
 
 @pytest.mark.parametrize("symbol, kind", [("fused_conv2d1_add1_relu1", "fused_conv2d_add_relu"),
