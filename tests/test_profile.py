@@ -1,6 +1,6 @@
 """`edgedyn bench --profile`: per-operator times from each executor's profiler, and the tables made of them.
 
-Times are never asserted against bounds here (benchmarks/profile.py checks that the op totals add up to the
+Times are never asserted against bounds here (benchmarks/op_profile.py checks that the op totals add up to the
 measured latency); these tests check what each profiler attributes, the arithmetic of the tables, and the output.
 """
 import json

@@ -1,7 +1,7 @@
 """Do `edgedyn bench --profile`'s operator times add up to the latency `bench` measures? One check per backend.
 
-    python benchmarks/profile.py                                  # mobilenet_v2 and tiny_cnn, every backend
-    python benchmarks/profile.py --models tiny_cnn --backends onnxruntime,tvm --threads 1
+    python benchmarks/op_profile.py                                  # mobilenet_v2 and tiny_cnn, every backend
+    python benchmarks/op_profile.py --models tiny_cnn --backends onnxruntime,tvm --threads 1
 
 Each model is exported once per backend, then `edgedyn bench BUNDLE --profile --json` runs in its own process
 (onnxruntime's spinning threads would slow a neighbour in the same process; FACTS.md), profiling as many runs as
