@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
+# benchmarks/profile.py would shadow the standard library's `profile` (torch imports it): drop this folder
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO))  # this checkout's edgedyn, not whichever one is installed
 RESULTS = REPO / "benchmarks" / "results"
 VARIANTS = ("edgedyn-fp32", "edgedyn-int8", "onnxruntime-direct", "onnxruntime-transformer-optimizer",
