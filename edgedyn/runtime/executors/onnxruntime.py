@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from edgedyn.runtime.errors import MissingDependencyError
+from edgedyn.runtime.errors import BundleError, MissingDependencyError
 
 CPU = "CPUExecutionProvider"
 # Runs of the fresh profiling session left out of its profile: its first calls grow memory arenas and caches.
@@ -30,19 +30,54 @@ def usable_providers(wanted: List[str], available: List[str]) -> List[str]:
     return [name for name in wanted if name in available and name != CPU] + [CPU]
 
 
+# The board's [onnxruntime] table as the backend records it in the artifact (edgedyn/boards.py validates the
+# board file; a bundle is checked again here, since a file controls it). Without a record: these values.
+DEFAULT_SESSION = {"graph_optimization": "all", "intra_op_threads": 0, "allow_spinning": True,
+                   "execution_mode": "sequential"}
+_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
+           "disabled": "ORT_DISABLE_ALL"}
+_MODES = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
+
+
+def session_settings(artifact: Dict[str, Any]) -> Dict[str, Any]:
+    """The artifact's recorded session settings over the defaults, each checked."""
+    recorded = artifact.get("onnxruntime", {}).get("session", {})
+    if not isinstance(recorded, dict) or set(recorded) - set(DEFAULT_SESSION):
+        raise BundleError("onnxruntime.session: expected a table with {}, got {!r}".format(
+            ", ".join(DEFAULT_SESSION), recorded))
+    settings = dict(DEFAULT_SESSION, **recorded)
+    threads = settings["intra_op_threads"]
+    if (settings["graph_optimization"] not in _LEVELS or settings["execution_mode"] not in _MODES
+            or not isinstance(settings["allow_spinning"], bool) or type(threads) is not int or not 0 <= threads <= 1024):
+        raise BundleError("onnxruntime.session: invalid settings {!r}".format(settings),
+                          hint="graph_optimization: {}; execution_mode: {}; allow_spinning: true/false; "
+                               "intra_op_threads: 0-1024".format(", ".join(_LEVELS), ", ".join(_MODES)))
+    return settings
+
+
+def _session_options(ort: Any, settings: Dict[str, Any], threads: Optional[int]) -> Any:
+    """SessionOptions from the checked settings; the runtime's `threads` wins over the board's thread count."""
+    options = ort.SessionOptions()
+    # The file holds only the portable (basic) optimizations; the layout and fusion rewrites for this CPU and
+    # these providers happen here, on the board ("all" unless the board file says otherwise).
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[settings["graph_optimization"]])
+    options.execution_mode = getattr(ort.ExecutionMode, _MODES[settings["execution_mode"]])
+    options.log_severity_level = 3
+    count = threads or settings["intra_op_threads"]
+    if count:
+        options.intra_op_num_threads = int(count)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings["allow_spinning"] else "0")
+    return options
+
+
 class OnnxRuntimeExecutor:
     """One onnxruntime InferenceSession over the bundle's model file."""
 
     def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
         ort = _import_onnxruntime()
-        session_options = ort.SessionOptions()
-        # The file holds only the portable (basic) optimizations; the layout and fusion rewrites for this CPU and
-        # these providers happen here, on the board.
-        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session_options.log_severity_level = 3
         threads = options.get("threads")
-        if threads:
-            session_options.intra_op_num_threads = int(threads)
+        self._settings = session_settings(artifact)
+        session_options = _session_options(ort, self._settings, threads)
         self._requested = list(artifact.get("execution_providers", [CPU]))
         providers = usable_providers(self._requested, ort.get_available_providers())
         model = bundle.read(artifact["files"]["model"])
@@ -75,12 +110,8 @@ class OnnxRuntimeExecutor:
         ort = _import_onnxruntime()
         directory = tempfile.mkdtemp(prefix="edgedyn-ort-profile-")
         try:
-            options = ort.SessionOptions()
             # The same settings as the session that runs the bundle, so the profile times the same kernels.
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            options.log_severity_level = 3
-            if self._threads:
-                options.intra_op_num_threads = int(self._threads)
+            options = _session_options(ort, self._settings, self._threads)
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(directory, "profile")
             session = ort.InferenceSession(self._model, options, providers=self._session.get_providers())
@@ -102,6 +133,7 @@ class OnnxRuntimeExecutor:
             "providers": self._session.get_providers(),
             "providers_requested": self._requested,
             "threads": self._threads,
+            "session": dict(self._settings),
         }
 
 
