@@ -46,12 +46,11 @@ class Lowering:
     """What converters build with: tensors in the layout they need, and operators producing new Values."""
 
     def __init__(self, quantize: Optional[str] = None, ranges: Optional[Dict[str, Tuple[float, float]]] = None,
-                 int8_converters: Optional[Dict[Any, Any]] = None, float_nodes: Sequence[str] = ()) -> None:
+                 int8_converters: Optional[Dict[Any, Any]] = None) -> None:
         self.writer = ModelWriter()
         self.quantize = quantize  # None, "int8" (static) or "int8-weights" (hybrid kernels)
         self.ranges = ranges or {}  # node name -> calibrated (min, max), for "int8"
         self.int8_converters = int8_converters or {}  # ATen op -> converter on int8 inputs (ops/int8.py)
-        self.float_nodes = frozenset(float_nodes)  # node names kept in float under "int8" (measured as sensitive)
         self.fused = {}  # type: Dict[fx.Node, Any]  # activation node -> the Value of the op it was fused into
 
     def tensor(self, value: Value, perm: Optional[Perm] = None) -> int:
@@ -130,10 +129,6 @@ class Lowering:
             value.twin = self.emit("DEQUANTIZE", [value.tensor], value.shape, value.perm)
         return value.twin
 
-    def int8(self, node: fx.Node) -> bool:
-        """Whether `node` computes in int8 (static quantization, and not one of the nodes kept in float)."""
-        return self.quantize == "int8" and node.name not in self.float_nodes
-
     def quantized(self, value: Value, node: fx.Node) -> Value:
         """The int8 copy of a float value, scaled by `node`'s calibrated range (one QUANTIZE, shared)."""
         from edgedyn.quantize.ranges import qparams
@@ -162,13 +157,12 @@ QUANTIZED_CONVERTERS = ("convolution", "linear", "addmm", "mm")
 def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any, Converter],
                   alternatives: List[str], quantize: Optional[str] = None,
                   ranges: Optional[Dict[str, Tuple[float, float]]] = None,
-                  int8_converters: Optional[Dict[Any, Converter]] = None,
-                  float_nodes: Sequence[str] = ()) -> Tuple[bytes, Dict[str, Any]]:
+                  int8_converters: Optional[Dict[Any, Converter]] = None) -> Tuple[bytes, Dict[str, Any]]:
     """The .tflite bytes for `program`, with its inputs and outputs in torch layout, and facts for the manifest."""
     graph = program.graph_module.graph
     parameters = _parameters(program)
     _check_supported(graph, parameters, converters, alternatives)
-    ctx = Lowering(quantize, ranges, int8_converters if quantize == "int8" else None, float_nodes)
+    ctx = Lowering(quantize, ranges, int8_converters if quantize == "int8" else None)
     values = {}  # type: Dict[fx.Node, Any]
     inputs = []  # type: List[int]
     for node in graph.nodes:
@@ -283,8 +277,8 @@ def _convert(ctx: Lowering, node: fx.Node, values: Dict[fx.Node, Any], converter
     if all(isinstance(v, Value) and v.is_constant for v in inputs) and _foldable(node):
         return _fold(node, args, kwargs)
     converter = converters[node.target]
-    if ctx.quantize == "int8" and (converter.__name__ not in QUANTIZED_CONVERTERS or not ctx.int8(node)):
-        int8 = ctx.int8_converters.get(node.target) if ctx.int8(node) else None
+    if ctx.quantize == "int8" and converter.__name__ not in QUANTIZED_CONVERTERS:
+        int8 = ctx.int8_converters.get(node.target)
         out = int8(ctx, node, *args, **kwargs) if int8 is not None else None
         if out is not None:
             return out

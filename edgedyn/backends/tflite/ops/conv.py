@@ -27,7 +27,7 @@ def convolution(ctx: Lowering, node: Any, x: Value, weight: Value, bias: Optiona
     if x.rank == 3:
         return _conv1d(ctx, x, w, b, stride, padding, dilation, groups, shape)
     stride, padding, dilation = pair(stride), pair(padding), pair(dilation)
-    if ctx.quantize and node.name not in ctx.float_nodes and (groups == 1 or (groups == x.shape[1] and w.shape[1] == 1)):
+    if ctx.quantize and (groups == 1 or (groups == x.shape[1] and w.shape[1] == 1)):
         from edgedyn.backends.tflite.ops import quantized
 
         return quantized.convolution(ctx, node, x, w, b, stride, padding, dilation, groups)

@@ -16,12 +16,10 @@ _NO_BIAS = -1  # TFLite's marker for an omitted optional input
 def fully_connected(ctx: Lowering, node: Any, x: Value, weight: np.ndarray, bias: Optional[Value],
                     x_node: Any = None) -> Value:
     """x @ weight.T + bias, with weight (out, in) as torch's Linear stores it; `x_node` is x's graph node."""
-    if ctx.quantize and node.name not in ctx.float_nodes:
+    if ctx.quantize:
         from edgedyn.backends.tflite.ops import quantized
 
         return quantized.fully_connected(ctx, node, x, weight, bias, x_node)
-    x = ctx.dequantized(x)  # a layer kept in float under --quantize int8
-    bias = ctx.dequantized(bias) if bias is not None else None
     shape = list(node.meta["val"].shape)
     bias_tensor = _NO_BIAS
     if bias is not None and bias.is_constant and bias.data.shape == (weight.shape[0],):
