@@ -234,7 +234,11 @@ def prepare(variant: str, name: str, workdir: Path, args: argparse.Namespace) ->
         if variant == "onnxruntime-transformer-optimizer":
             from onnxruntime.transformers import optimizer
 
-            optimized = optimizer.optimize_model(direct, model_type="bert", num_heads=0, hidden_size=0)
+            # opt_level=0: the optimizer's fusions only. Its default first runs onnxruntime's basic optimizations
+            # and saves that graph; onnxruntime 1.32 then refuses to open the result at any level above disabled
+            # ("AddInitializedOrtValue Attempt to replace the existing tensor"), with no duplicate names in it.
+            optimized = optimizer.optimize_model(direct, model_type="bert", num_heads=0, hidden_size=0, opt_level=0,
+                                                 use_gpu=False)
             task["onnx"] = str(base) + "-optimized.onnx"
             optimized.save_model_to_file(task["onnx"])
             task["recorded"] = {"fused": {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}}
