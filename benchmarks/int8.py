@@ -7,9 +7,9 @@
 Each (model, backend) is exported twice for this machine (fp32, and --quantize int8 calibrated on random normal
 inputs of the model's shape, or a zoo model's own fresh example inputs: latency does not depend on the data,
 accuracy does, so the accuracy columns are only the numbers recorded in the manifest). A model that misses the
-default int8 gate (cosine 0.99) is a row saying so; `--max-accuracy-drop` times it anyway. Both bundles are loaded with edgedyn.runtime, warmed up, then timed in
-interleaved rounds (fp32 and int8 alternate, order flipping every round) so a noisy neighbour hurts both alike.
-The table is printed as Markdown; JSON goes to benchmarks/results/.
+default int8 gate (cosine 0.99) is a row saying so; `--max-accuracy-drop` times it anyway. Both bundles are
+loaded with edgedyn.runtime, warmed up, then timed in interleaved rounds (fp32 and int8 alternate, order flipping
+every round) so a noisy neighbour hurts both alike. The table is printed as Markdown; JSON goes to benchmarks/results/.
 """
 import argparse
 import datetime
@@ -134,7 +134,8 @@ def main() -> None:
     print("{}, {} thread(s), load average {:.2f} at the end".format(cpu, args.threads, os.getloadavg()[0]),
           file=sys.stderr)
     result = {"date": datetime.date.today().isoformat(), "machine": cpu, "load_average": os.getloadavg(),
-              "max_accuracy_drop": args.max_accuracy_drop, "threads": args.threads, "iterations": args.iterations, "rounds": args.rounds, "rows": rows}
+              "max_accuracy_drop": args.max_accuracy_drop, "threads": args.threads, "iterations": args.iterations,
+              "rounds": args.rounds, "rows": rows}
     output = args.output or RESULTS / "{}-int8-{}t.json".format(result["date"], args.threads)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")

@@ -120,9 +120,9 @@ def loop_spec():
 
 def _stand_in(name: str, lowering: str, quantizes: bool = False) -> Backend:
     """A registry record for a stand-in backend whose lower() is the function `lowering` of this file."""
-    return Backend(name=name, lower="test_selection:" + lowering, executor="zeros", devices=("cpu",), quantizes=quantizes,
-                   extra="", board_extra="", overhead_bytes=None, overhead_import="", general=False,
-                   no_int8_reason="a stand-in for tests")
+    return Backend(name=name, lower="test_selection:" + lowering, executor="zeros", devices=("cpu",),
+                   quantizes=quantizes, extra="", board_extra="", overhead_bytes=None, overhead_import="",
+                   general=False, no_int8_reason="a stand-in for tests")
 
 
 def _register(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:

@@ -47,8 +47,9 @@ def session_settings(artifact: Dict[str, Any]) -> Dict[str, Any]:
             ", ".join(DEFAULT_SESSION), recorded))
     settings = dict(DEFAULT_SESSION, **recorded)
     threads = settings["intra_op_threads"]
+    valid_threads = type(threads) is int and 0 <= threads <= 1024
     if (settings["graph_optimization"] not in _LEVELS or settings["execution_mode"] not in _MODES
-            or not isinstance(settings["allow_spinning"], bool) or type(threads) is not int or not 0 <= threads <= 1024):
+            or not isinstance(settings["allow_spinning"], bool) or not valid_threads):
         raise BundleError("onnxruntime.session: invalid settings {!r}".format(settings),
                           hint="graph_optimization: {}; execution_mode: {}; allow_spinning: true/false; "
                                "intra_op_threads: 0-1024".format(", ".join(_LEVELS), ", ".join(_MODES)))

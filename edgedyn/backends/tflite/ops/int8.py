@@ -4,8 +4,9 @@ Static int8 (`--quantize int8`) keeps every tensor between two int8 convolutions
 writes a full-integer model, so no DEQUANTIZE/QUANTIZE pair sits between them. Scales follow TFLite's kernels:
 - ops that only move or select elements (RESHAPE and its relatives, MAX_POOL_2D, AVERAGE_POOL_2D, PAD) keep the
   input's scale and zero point: their int8 kernels do not rescale;
-- ADD, MUL, MEAN, RELU/RELU6, HARD_SWISH (matched in core ATen's decomposition of hardswish) take their output scale from the calibrated range of their output (ADD and
-  the convolutions take it from a ReLU/ReLU6 that follows, which is fused, so the clamp costs nothing);
+- ADD, MUL, MEAN, RELU/RELU6, HARD_SWISH (matched in core ATen's decomposition of hardswish) take their output
+  scale from the calibrated range of their output (ADD, MUL and the convolutions take it from a ReLU/ReLU6 that
+  follows, which is fused, so the clamp costs nothing);
 - CONCATENATION's int8 kernel wants one scale for every input and the output: inputs on another scale are
   requantized (int8 QUANTIZE) to the output's calibrated range;
 - LOGISTIC's int8 output is fixed at scale 1/256, zero point -128 (its kernel's only choice).
@@ -97,19 +98,22 @@ def _hardswish_end(start: Any) -> Optional[Any]:
     """The last node of core ATen's hard-swish, x * clamp(clamp(x + 3, 0), None, 6) / 6, starting at `start`
     (the x + 3), when each step has one user; None for any other graph."""
     x = start.args[0]
-    steps = [start]
+    step = start
     for expected in ((0,), (None, 6)):
-        (user,) = steps[-1].users if len(steps[-1].users) == 1 else (None,)
-        if user is None or user.target != aten.clamp.default or tuple(user.args[1:]) != expected:
+        step = _only_user(step)
+        if step is None or step.target != aten.clamp.default or tuple(step.args[1:]) != expected:
             return None
-        steps.append(user)
-    (product,) = steps[-1].users if len(steps[-1].users) == 1 else (None,)
-    if product is None or product.target != aten.mul.Tensor or set(product.args) != {x, steps[-1]}:
+    product = _only_user(step)
+    if product is None or product.target != aten.mul.Tensor or set(product.args) != {x, step}:
         return None
-    (end,) = product.users if len(product.users) == 1 else (None,)
+    end = _only_user(product)
     if start.args[1:] != (3,) or end is None or end.target != aten.div.Tensor or end.args[1:] != (6,):
         return None
     return end
+
+
+def _only_user(node: Any) -> Optional[Any]:
+    return next(iter(node.users)) if len(node.users) == 1 else None
 
 
 def hardswish(ctx: Lowering, start: Any, x: Value) -> Optional[Value]:
@@ -120,7 +124,7 @@ def hardswish(ctx: Lowering, start: Any, x: Value) -> Optional[Value]:
         return None
     out = _emit(ctx, "HARD_SWISH", [ctx.tensor(x)], x.shape, x.perm, quant)
     step = start
-    while step is not end:
+    while step is not end:  # each step has one user (_hardswish_end checked)
         step = next(iter(step.users))
         ctx.fused[step] = out if step is end else None
     return out
@@ -148,6 +152,11 @@ def max_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
     out = _emit(ctx, "MAX_POOL_2D", [source], _shape(node), layout.NHWC, x.quant, "Pool2DOptions", padding=mode,
                 stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1])
     return out, None
+
+
+def _first(outputs: Optional[Any]) -> Optional[Value]:
+    """max_pool2d without indices: the int8 output of max_pool2d_with_indices' converter, or None."""
+    return outputs[0] if outputs is not None else None
 
 
 def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int] = (),
@@ -254,7 +263,7 @@ INT8_CONVERTERS = {
     aten.add.Tensor: add,
     aten.mul.Tensor: mul,
     aten.max_pool2d_with_indices.default: max_pool2d,
-    aten.max_pool2d.default: lambda ctx, node, *a, **k: (max_pool2d(ctx, node, *a, **k) or (None,))[0],
+    aten.max_pool2d.default: lambda ctx, node, *a, **k: _first(max_pool2d(ctx, node, *a, **k)),
     aten.avg_pool2d.default: avg_pool2d,
     aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
     aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
