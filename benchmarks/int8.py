@@ -2,12 +2,14 @@
 
     python benchmarks/int8.py                                  # tiny_cnn, mobilenet_v2, mlp; onnxruntime, tflite
     python benchmarks/int8.py --models mobilenet_v2 --backends tflite --threads 1
+    python benchmarks/int8.py --models zoo:mobilenet_v2 --backends tflite --max-accuracy-drop cosine=0.9
 
 Each (model, backend) is exported twice for this machine (fp32, and --quantize int8 calibrated on random normal
-inputs of the model's shape: latency does not depend on the data, accuracy does, so the accuracy columns are only
-the numbers recorded in the manifest). Both bundles are loaded with edgedyn.runtime, warmed up, then timed in
-interleaved rounds (fp32 and int8 alternate, order flipping every round) so a noisy neighbour hurts both alike.
-The table is printed as Markdown; JSON goes to benchmarks/results/.
+inputs of the model's shape, or a zoo model's own fresh example inputs: latency does not depend on the data,
+accuracy does, so the accuracy columns are only the numbers recorded in the manifest). A model that misses the
+default int8 gate (cosine 0.99) is a row saying so; `--max-accuracy-drop` times it anyway. Both bundles are
+loaded with edgedyn.runtime, warmed up, then timed in interleaved rounds (fp32 and int8 alternate, order flipping
+every round) so a noisy neighbour hurts both alike. The table is printed as Markdown; JSON goes to benchmarks/results/.
 """
 import argparse
 import datetime
@@ -18,7 +20,7 @@ import platform
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -39,27 +41,26 @@ def measure(model: str, backend: str, args: argparse.Namespace, workdir: Path) -
     import edgedyn
     import edgedyn.runtime as rt
 
-    reference, shape = MODELS[model]
-    rng = np.random.default_rng(0)
-    samples = [(rng.standard_normal(shape).astype(np.float32),) for _ in range(args.calibration)]
-    inputs = ["x=" + "x".join(map(str, shape))]
-    paths = {precision: edgedyn.export(str(REPO / reference), inputs=inputs, backend=backend,
+    reference, inputs, samples = _model(model, args.calibration)
+    name = model.replace(":", "-")
+    paths = {precision: edgedyn.export(reference, inputs=inputs, backend=backend,
                                        quantize=None if precision == "fp32" else "int8",
                                        calibration=None if precision == "fp32" else samples,
-                                       output=workdir / "{}-{}-{}.edgedyn".format(model, backend, precision))
+                                       max_accuracy_drop=None if precision == "fp32" else args.max_accuracy_drop,
+                                       output=workdir / "{}-{}-{}.edgedyn".format(name, backend, precision))
              for precision in ("fp32", "int8")}
     programs = {p: rt.load(path, threads=args.threads) for p, path in paths.items()}
-    x = samples[0][0]
+    x = samples[0]
     for program in programs.values():
         for _ in range(args.warmup):
-            program(x)
+            program(*x)
     times = {p: [] for p in programs}  # type: Dict[str, List[float]]
     block = StopRule(args.iterations, 0.0, math.inf, args.iterations)  # exactly `iterations` calls per round
     for round_ in range(args.rounds):
         order = ["fp32", "int8"] if round_ % 2 == 0 else ["int8", "fp32"]
         for precision in order:
             program = programs[precision]
-            times[precision].extend(s * 1000.0 for s in time_calls(lambda: program(x), block))
+            times[precision].extend(s * 1000.0 for s in time_calls(lambda: program(*x), block))
     medians = {p: percentile(t, 50) for p, t in times.items()}
     artifact = programs["int8"].manifest["specializations"][0]["artifacts"][-1]
     quantization = artifact["quantization"]
@@ -71,6 +72,21 @@ def measure(model: str, backend: str, args: argparse.Namespace, workdir: Path) -
             "int8_weight_bytes": quantization["weights"]["quantized_bytes"],
             "cosine": output["cosine"], "max_abs_error": output["max_abs_error"],
             "top1_agreement": output.get("top1_agreement")}
+
+
+def _model(model: str, count: int) -> Tuple[Any, List[str], List[Tuple[np.ndarray, ...]]]:
+    """(what edgedyn.export takes, --input strings, `count` calibration samples) for a MODELS name or zoo:NAME."""
+    if model.startswith("zoo:"):
+        from edgedyn import zoo
+
+        name = model[4:]
+        samples = [tuple(t.numpy() for t in zoo.example_inputs(name, seed=seed).values())
+                   for seed in range(1, count + 1)]
+        return zoo.build(name), zoo.input_options(name), samples
+    reference, shape = MODELS[model]
+    rng = np.random.default_rng(0)
+    samples = [(rng.standard_normal(shape).astype(np.float32),) for _ in range(count)]
+    return str(REPO / reference), ["x=" + "x".join(map(str, shape))], samples
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
@@ -89,13 +105,14 @@ def table(rows: List[Dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names, or zoo:NAME")
     parser.add_argument("--backends", default="onnxruntime,tflite")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--iterations", type=int, default=100, help="timed calls per variant and round")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--calibration", type=int, default=40, help="random calibration samples")
+    parser.add_argument("--max-accuracy-drop", help="the int8 gate, e.g. cosine=0.9 (default: cosine 0.99)")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     rows = []
@@ -109,8 +126,14 @@ def main() -> None:
                     rows.append({"model": model, "backend": backend, "error": "{}: {}".format(
                         type(error).__name__, str(error).splitlines()[0] if str(error) else "")})
     print(table(rows))
-    result = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
-              "threads": args.threads, "iterations": args.iterations, "rounds": args.rounds, "rows": rows}
+    from edgedyn.runtime import sysinfo
+
+    cpu = sysinfo.environment().get("cpu_model") or platform.machine()
+    print("{}, {} thread(s), load average {:.2f} at the end".format(cpu, args.threads, os.getloadavg()[0]),
+          file=sys.stderr)
+    result = {"date": datetime.date.today().isoformat(), "machine": cpu, "load_average": os.getloadavg(),
+              "max_accuracy_drop": args.max_accuracy_drop, "threads": args.threads, "iterations": args.iterations,
+              "rounds": args.rounds, "rows": rows}
     output = args.output or RESULTS / "{}-int8-{}t.json".format(result["date"], args.threads)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")

@@ -23,9 +23,6 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 REPO = Path(__file__).resolve().parents[1]
-# This file's name shadows the standard library's `profile` (which cProfile, imported by torch, needs): drop its
-# folder from the path, and import this checkout's edgedyn rather than whichever one is installed.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO))
 RESULTS = REPO / "benchmarks" / "results"
 MODELS = {

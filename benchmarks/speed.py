@@ -158,13 +158,13 @@ MODELS = {
 
 
 def build_model(name: str) -> Tuple[Any, tuple, str]:
-    """(model, example inputs, kind) for a name of MODELS or `zoo:NAME` (edgedyn.zoo's `load(name)`)."""
+    """(model, example inputs, kind) for a name of MODELS or `zoo:NAME` (edgedyn.zoo: its seeded model, fresh
+    example inputs, and its family as the kind: cnn, encoder, ...)."""
     if name.startswith("zoo:"):
-        from edgedyn import zoo  # type: ignore[attr-defined]
+        from edgedyn import zoo
 
-        model, inputs = zoo.load(name[4:])[:2]
-        kind = getattr(zoo, "kind", lambda n: "other")(name[4:])
-        return model.eval(), tuple(inputs), kind
+        record = zoo.get(name[4:])
+        return zoo.build(record.name), tuple(zoo.example_inputs(record.name).values()), record.family
     return MODELS[name]()
 
 
@@ -187,7 +187,16 @@ def _random_samples(inputs: tuple, count: int, seed: int) -> List[tuple]:
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    return [tuple(rng.standard_normal(tuple(t.shape)).astype(np.float32) for t in inputs) for _ in range(count)]
+    return [tuple(_random_like(rng, t) for t in inputs) for _ in range(count)]
+
+
+def _random_like(rng: Any, tensor: Any) -> Any:
+    """Normal floats, or token ids in the example's own range (an encoder's ids index its vocabulary)."""
+    import numpy as np
+
+    if tensor.is_floating_point():
+        return rng.standard_normal(tuple(tensor.shape)).astype(np.float32)
+    return rng.integers(0, int(tensor.max()) + 1, tuple(tensor.shape)).astype(str(tensor.dtype).replace("torch.", ""))
 
 
 def prepare(variant: str, name: str, workdir: Path, args: argparse.Namespace) -> Dict[str, Any]:
@@ -223,7 +232,11 @@ def prepare(variant: str, name: str, workdir: Path, args: argparse.Namespace) ->
         if variant == "onnxruntime-transformer-optimizer":
             from onnxruntime.transformers import optimizer
 
-            optimized = optimizer.optimize_model(direct, model_type="bert", num_heads=0, hidden_size=0)
+            # opt_level=0: the optimizer's fusions only. Its default first runs onnxruntime's basic optimizations
+            # and saves that graph; onnxruntime 1.32 then refuses to open the result at any level above disabled
+            # ("AddInitializedOrtValue Attempt to replace the existing tensor"), with no duplicate names in it.
+            optimized = optimizer.optimize_model(direct, model_type="bert", num_heads=0, hidden_size=0, opt_level=0,
+                                                 use_gpu=False)
             task["onnx"] = str(base) + "-optimized.onnx"
             optimized.save_model_to_file(task["onnx"])
             task["recorded"] = {"fused": {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}}
@@ -300,6 +313,12 @@ def build_call(task: Dict[str, Any], threads: int) -> Tuple[Callable[[], Any], C
 
 
 def _as_list(value: Any) -> List[Any]:
+    """Outputs as a list: tuples, lists, a lone tensor, a `transformers` ModelOutput (zoo models) or the runtime's
+    dict of named outputs (a bundle whose outputs have names)."""
+    if hasattr(value, "to_tuple"):
+        return list(value.to_tuple())
+    if isinstance(value, dict):
+        return list(value.values())
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
@@ -354,7 +373,7 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> Dict[str,
     import torch
 
     model, inputs, kind = build_model(name)
-    fresh = [a.astype(np.float32) for a in _random_samples(inputs, 1, 99)[0]]
+    fresh = list(_random_samples(inputs, 1, 99)[0])
     with torch.no_grad():
         reference = _as_list(model(*[torch.from_numpy(a) for a in fresh]))[0].numpy()
     np.savez(str(workdir / "inputs.npz"), **{"arg{}".format(i): a for i, a in enumerate(fresh)})
@@ -457,9 +476,10 @@ def main() -> None:
     for name in [m for m in args.models.split(",") if m]:
         with tempfile.TemporaryDirectory(prefix="edgedyn-speed-") as workdir:
             results["models"][name] = bench_model(name, args, Path(workdir))
+        results["load_average"] = os.getloadavg()  # after each model: how busy the machine was while it ran
         out.write_text(json.dumps(results, indent=2, sort_keys=True))  # after each model: a long run keeps its part
-    print("{} ({} threads, median of {} rounds, each variant in its own process)".format(
-        results["cpu"], args.threads, args.rounds))
+    print("{} ({} threads, median of {} rounds, each variant in its own process; load average {:.2f})".format(
+        results["cpu"], args.threads, args.rounds, os.getloadavg()[0]))
     print(table(results))
     print("results: {}".format(out.relative_to(REPO)))
 

@@ -137,6 +137,27 @@ class Gpu:
                 self.compute_capability.replace(".", ""), self.compute_capability), self.arch)
 
 
+def _boolean(where: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        fail(where, name, "true or false", value)
+
+
+@dataclass(frozen=True)
+class OnnxruntimeSession:
+    """How onnxruntime opens the board's session (the board file's [onnxruntime] table), recorded in the artifact;
+    defaults from benchmarks/README.md (onnxruntime session settings), measured on x86."""
+
+    graph_optimization: str = key("", "graph_optimization", choice(("all", "extended", "basic", "disabled")),
+                                  default="all")
+    # 0: the runtime's thread setting, else onnxruntime's own default (one per physical core)
+    intra_op_threads: int = key("", "intra_op_threads", integer(0, 1024), default=0)
+    allow_spinning: bool = key("", "allow_spinning", _boolean, default=True)
+    execution_mode: str = key("", "execution_mode", choice(("sequential", "parallel")), default="sequential")
+
+    def __post_init__(self) -> None:
+        _schema.check_fields(self, "onnxruntime")
+
+
 @dataclass(frozen=True)
 class Board:
     """What edgedyn needs to know about one board: CPU, memory, GPU, OS, targets, backends.
@@ -176,6 +197,8 @@ class Board:
     # onnxruntime execution providers to try on the board, best first (TensorRT and CUDA on a Jetson).
     onnxruntime_providers: Tuple[str, ...] = key("backends", "onnxruntime_providers", names(allow_empty=False),
                                                  default=("CPUExecutionProvider",))
+    onnxruntime_session: OnnxruntimeSession = key("", "onnxruntime", record=OnnxruntimeSession,
+                                                  default=_schema.parse(OnnxruntimeSession, {}, "onnxruntime"))
     path: Path
 
     def __post_init__(self) -> None:

@@ -8,6 +8,8 @@
   its artifact runs here too, verifies) ("board preference").
 With `quantization` (--quantize), only backends with int8 kernels are built (edgedyn/quantize/__init__.py), and
 a candidate is checked for sanity against torch eager (cosine), not for float equality: the accuracy gate runs after.
+Measured here, the fp32 candidates are timed too, and the fp32 winner is kept when int8 is not faster (by
+FP32_MUST_BEAT_INT8), saying so: int8 that costs time is no gain.
 The choice and its reasons go into the artifact's manifest entry as `selection`.
 """
 import os
@@ -70,7 +72,14 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
         step("building {} with {} for {}".format(spec.name, backend, target.name))
         return _with_selection(build(backend), {"mode": "user", "requested": backend})
     if board.arch == host_arch():
-        return _measured(build, board, spec, step, timing, quantization)
+        chosen = _measured(build, board, spec, step, timing, quantization)
+        if quantization is None:
+            return chosen
+        try:
+            fp32 = _measured(_builder(program, board, target, spec, None), board, spec, step, timing, None)
+        except BackendError:
+            return chosen  # no fp32 candidate built: nothing to compare int8 with
+        return _int8_or_fp32(chosen, fp32, step)
     return _by_preference(build, board, target, spec, step, quantization)
 
 
@@ -124,12 +133,46 @@ def _measured(build: Callable[[str], Artifact], board: Board, spec: Specializati
     if best is None:
         raise _nothing_built(spec, board, rejected)
     chosen = best.backend
-    step("chose {} for {} ({:.3g} ms)".format(chosen, spec.name, medians[chosen]))
+    precision = "fp32" if quantization is None else quantization.mode
+    step("chose {} for {} {} ({:.3g} ms)".format(chosen, spec.name, precision, medians[chosen]))
     return _with_selection(best, {
-        "mode": "measured", "chosen": chosen, "medians_ms": {k: round(v, 4) for k, v in sorted(medians.items())},
+        "mode": "measured", "chosen": chosen, "precision": precision, "why": _why(chosen, medians),
+        "medians_ms": {k: round(v, 4) for k, v in sorted(medians.items())},
         "rejected": rejected, "timing": {"warmup": timing.warmup, "min_runs": timing.min_runs,
                                          "max_runs": timing.max_runs, "seconds": timing.seconds},
         "host": host_arch()})
+
+
+def _why(chosen: str, medians: Dict[str, float]) -> str:
+    """Why the measured winner won, in words: its time and how much faster it was than each other candidate."""
+    others = sorted((m, name) for name, m in medians.items() if name != chosen)
+    if not others:
+        return "the only candidate that built and verified ({:.3g} ms)".format(medians[chosen])
+    return "fastest of {} verified: {:.3g} ms; {}".format(len(medians), medians[chosen], ", ".join(
+        "{} {:.3g} ms ({:.2f}x slower)".format(name, m, m / medians[chosen]) for m, name in others))
+
+
+# Under --quantize, auto keeps the fastest fp32 artifact instead of int8 only when it takes less than this share of
+# int8's time: timings on a shared machine wobble by ~10%, and a near tie goes to what the user asked for.
+FP32_MUST_BEAT_INT8 = 0.9
+
+
+def _int8_or_fp32(int8: Artifact, fp32: Artifact, step: Progress) -> Artifact:
+    """The faster of the measured int8 and fp32 winners, with both sets of medians and the reason recorded."""
+    int8_selection, fp32_selection = int8.meta["selection"], fp32.meta["selection"]
+    int8_ms = int8_selection["medians_ms"][int8.backend]
+    fp32_ms = fp32_selection["medians_ms"][fp32.backend]
+    compared = {"int8_medians_ms": int8_selection["medians_ms"], "fp32_medians_ms": fp32_selection["medians_ms"],
+                "int8_rejected": int8_selection["rejected"], "fp32_rejected": fp32_selection["rejected"]}
+    if fp32_ms < FP32_MUST_BEAT_INT8 * int8_ms:
+        why = ("int8 is not faster here: the fastest int8 ({} {:.3g} ms) takes {:.2f}x the fastest fp32 ({} {:.3g} "
+               "ms), so the fp32 artifact is kept".format(int8.backend, int8_ms, int8_ms / fp32_ms, fp32.backend,
+                                                           fp32_ms))
+        step(why)
+        return _with_selection(fp32, dict(fp32_selection, why=why, **compared))
+    why = "{}; {:.2f}x the fastest fp32 ({} {:.3g} ms)".format(int8_selection["why"], fp32_ms / int8_ms,
+                                                              fp32.backend, fp32_ms)
+    return _with_selection(int8, dict(int8_selection, why=why, **compared))
 
 
 def _by_preference(build: Callable[[str], Artifact], board: Board, target: Target, spec: Specialization,

@@ -49,7 +49,9 @@ def test_bundle_holds_one_portable_onnx_file_with_its_weights(export_onnx):
     assert artifact["opset"] == 20 and artifact["ir_version"] == 9
     assert artifact["requires"] == {"python": ["onnxruntime>=1.17"]}
     assert artifact["pipeline"] == {"name": "onnxruntime", "passes": ["remove_dead_code"]}
-    assert artifact["onnxruntime"] == {"version": __import__("onnxruntime").__version__, "graph_optimization": "basic"}
+    assert artifact["onnxruntime"] == {"version": __import__("onnxruntime").__version__, "graph_optimization": "basic",
+                                       "session": {"graph_optimization": "all", "intra_op_threads": 0,
+                                                   "allow_spinning": True, "execution_mode": "sequential"}}
     assert artifact["tolerance"]["rtol"] == 1e-4
     assert artifact["selection"] == {"mode": "user", "requested": "onnxruntime"}
     assert list(artifact["files"]) == ["model"] and artifact["files"]["model"].endswith("/model.onnx")
@@ -205,3 +207,53 @@ def test_a_file_onnxruntime_cannot_reopen_is_replaced_by_the_exported_model():
 
     optimized, exported = onnx.ModelProto(), onnx.ModelProto()
     assert _loadable(Refusing, optimized, exported) == (exported, "none")
+
+
+def _board_with_session(tmp_path: Path, table: str) -> Path:
+    """The x86-64 board file as a user's own, with an [onnxruntime] table."""
+    text = (REPO / "boards" / "x86-64.toml").read_text().replace('name = "x86-64"', 'name = "my-x86"')
+    text = text.split("[onnxruntime]")[0]  # the shipped table, if any, gives way to the test's
+    path = tmp_path / "my-x86.toml"
+    path.write_text(text + "\n[onnxruntime]\n" + table)
+    return path
+
+
+def test_board_session_settings_are_recorded_and_applied(tmp_path):
+    import onnxruntime as ort
+
+    board = _board_with_session(tmp_path, 'graph_optimization = "extended"\nintra_op_threads = 1\n'
+                                          'allow_spinning = false\n')
+    path = edgedyn.export(str(EXAMPLES / "tiny_cnn.py:TinyCNN"), inputs=["x=1x3x64x64"], board=str(board),
+                          backend="onnxruntime", output=tmp_path / "tiny.edgedyn")
+    (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
+    assert artifact["onnxruntime"]["session"] == {"graph_optimization": "extended", "intra_op_threads": 1,
+                                                  "allow_spinning": False, "execution_mode": "sequential"}
+    executor = rt.load(path).specializations[0].executor
+    options = executor._session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert executor.describe()["session"]["allow_spinning"] is False
+    # the runtime's own thread count (edgedyn run --threads, rt.load(threads=...)) wins over the board's
+    assert rt.load(path, threads=2).specializations[0].executor._session.get_session_options().intra_op_num_threads == 2
+
+
+def test_a_bad_session_setting_names_the_board_file_and_field(tmp_path):
+    from edgedyn.errors import BoardError
+
+    board = _board_with_session(tmp_path, 'execution_mode = "async"\n')
+    with pytest.raises(BoardError) as caught:
+        load_board(str(board))
+    assert caught.value.message.startswith("{}: onnxruntime.execution_mode: ".format(board)), caught.value.message
+    assert "got 'async'" in caught.value.message
+
+
+@pytest.mark.parametrize("session", [{"execution_mode": "async"}, {"threads": 4}, {"intra_op_threads": -1},
+                                     {"allow_spinning": "yes"}])
+def test_a_bundle_with_bad_session_settings_is_refused(session):
+    from edgedyn.runtime.errors import BundleError
+    from edgedyn.runtime.executors.onnxruntime import session_settings
+
+    with pytest.raises(BundleError) as caught:
+        session_settings({"onnxruntime": {"session": session}})
+    assert caught.value.message.startswith("onnxruntime.session: ")

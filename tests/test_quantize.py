@@ -221,6 +221,9 @@ def test_cli_calibration_folder_auto_backend_and_inspect(run_cli, tmp_path):
     assert artifact["quantization"]["calibration"]["batches"] == 16  # 20 samples, 4 held out
     text = run_cli("inspect", str(bundle)).stdout
     assert "quantization  int8" in text and "smaller" in text and "top1_agreement" in text
+    # auto timed the fp32 candidates too, and says how the int8 winner compared
+    assert set(artifact["selection"]["fp32_medians_ms"]) >= {"onnxruntime", "tflite"}
+    assert "why      " in text and "the fastest fp32" in text
 
 
 def test_calibration_from_npz_and_a_function(tmp_path):

@@ -118,11 +118,11 @@ def loop_spec():
     return spec, run_pipeline(spec.program)
 
 
-def _stand_in(name: str, lowering: str) -> Backend:
+def _stand_in(name: str, lowering: str, quantizes: bool = False) -> Backend:
     """A registry record for a stand-in backend whose lower() is the function `lowering` of this file."""
-    return Backend(name=name, lower="test_selection:" + lowering, executor="zeros", devices=("cpu",), quantizes=False,
-                   extra="", board_extra="", overhead_bytes=None, overhead_import="", general=False,
-                   no_int8_reason="a stand-in for tests")
+    return Backend(name=name, lower="test_selection:" + lowering, executor="zeros", devices=("cpu",),
+                   quantizes=quantizes, extra="", board_extra="", overhead_bytes=None, overhead_import="",
+                   general=False, no_int8_reason="a stand-in for tests")
 
 
 def _register(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
@@ -194,6 +194,41 @@ def test_auto_keeps_the_fastest_by_the_clock_and_stops_timing_by_its_rules(monke
     # One call to verify, then: first call, 2 more warm-ups, timed runs until 32 ms have passed (8 of 4 ms),
     # at least 5; capped at 50 for the fast one (50 x 0.5 ms < 32 ms); a call slower than 32 ms: 1 timed run.
     assert CLOCK.calls == {"a_slow": 1 + 3 + 8, "b_fast": 1 + 3 + 50, "c_too_slow": 1 + 1 + 1}
+
+
+@pytest.mark.parametrize("int8_backend, kept, words", [
+    ("a_slow", "b_fast", "int8 is not faster here: the fastest int8 (a_slow 4 ms) takes 8.00x the fastest fp32 "
+                         "(b_fast 0.5 ms), so the fp32 artifact is kept"),
+    ("b_fast", "b_fast", "the only candidate that built and verified (0.5 ms); 1.00x the fastest fp32 (b_fast 0.5 ms)"),
+])
+def test_auto_under_quantize_times_fp32_too_and_keeps_int8_only_when_faster(monkeypatch, loop_spec, int8_backend,
+                                                                             kept, words):
+    from edgedyn.quantize import Quantization
+
+    spec, program = loop_spec
+    board = load_board("x86-64")
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch, "a_slow", "b_fast")
+    monkeypatch.setitem(BACKENDS, int8_backend, _stand_in(int8_backend, int8_backend, quantizes=True))
+    quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]])
+    timing = Timing(warmup=1, min_runs=3, max_runs=5, seconds=0.032, clock=CLOCK)
+    lines = []  # type: List[str]
+    artifact = choose("auto", program, board, board.target("cpu"), spec, progress=lines.append, timing=timing,
+                      quantization=quantization)
+    selection = artifact.meta["selection"]
+    assert artifact.backend == selection["chosen"] == kept
+    assert selection["int8_medians_ms"] == {int8_backend: {"a_slow": 4.0, "b_fast": 0.5}[int8_backend]}
+    assert selection["fp32_medians_ms"] == {"a_slow": 4.0, "b_fast": 0.5}
+    assert selection["why"] == words
+    assert (words in lines) == (int8_backend == "a_slow")  # the export's progress says when int8 lost
+
+
+def test_why_names_each_loser_and_how_much_slower():
+    from edgedyn.selection import _why
+
+    assert _why("b", {"a": 3.0, "b": 1.5, "c": 6.0}) == (
+        "fastest of 3 verified: 1.5 ms; a 3 ms (2.00x slower), c 6 ms (4.00x slower)")
 
 
 def test_edgedyn_debug_lets_a_backend_bug_through(monkeypatch, loop_spec):

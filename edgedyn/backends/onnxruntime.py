@@ -51,6 +51,13 @@ def execution_providers(board: Board) -> List[str]:
     return providers + ["CPUExecutionProvider"]
 
 
+def board_session(board: Board) -> Dict[str, Any]:
+    """The board's [onnxruntime] session settings, recorded in the artifact for the runtime to apply."""
+    from edgedyn._schema import to_dict
+
+    return to_dict(board.onnxruntime_session)
+
+
 def lower(build: Build) -> Artifact:
     """Exports the program to ONNX, applies onnxruntime's portable graph optimizations and returns the model file;
     with `build.quantization` (edgedyn.quantize.Quantization), the model is quantized to int8 after that."""
@@ -76,7 +83,8 @@ def lower(build: Build) -> Artifact:
         file_names={"model": "model.onnx"},
         meta={"opset": OPSET, "ir_version": model.ir_version, "input_names": list(tensor_inputs),
               "output_names": output_names, "execution_providers": execution_providers(board),
-              "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": offline_level},
+              "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": offline_level,
+                              "session": board_session(board)},
               "tolerance": dict(FP32_TOLERANCE), "requires": {"python": ["onnxruntime>={}".format(MIN_ONNXRUNTIME)]},
               **extra},
     )

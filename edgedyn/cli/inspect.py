@@ -67,6 +67,8 @@ def inspect_command(
                 _gpu(artifact)
             if "selection" in artifact:
                 out.print("  chosen   {}".format(_selection(artifact["selection"])))
+                if artifact["selection"].get("why"):
+                    out.print("  why      {}".format(artifact["selection"]["why"]))
             if "quantization" in artifact:
                 _quantization(artifact["quantization"])
         chosen = here[spec["name"]]

@@ -76,6 +76,8 @@ def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]
 
     from edgedyn.runtime.format import pack_arrays
 
+    if "quantization" not in artifact.meta:
+        return artifact  # `auto` kept fp32, faster here than every int8 candidate (its selection says so)
     batches, source = plan.evaluation_batches(spec)
     module = spec.program.module()
     with torch.no_grad():

@@ -28,12 +28,15 @@ def lower(build: Build) -> Artifact:
         return _artifact(model, facts, target, dict(FP32_TOLERANCE))
     from edgedyn.quantize import weight_bytes
     from edgedyn.quantize.accuracy import INT8_TOLERANCE
+    from edgedyn.backends.tflite.ops.int8 import INT8_CONVERTERS
     from edgedyn.quantize.ranges import observe
 
     ranges = observe(program, quantization.calibration) if quantization.static else {}
-    model, facts = lower_program(program, CONVERTERS, alternatives, quantization.mode, ranges)
-    scheme = ("static: int8 CONV_2D/DEPTHWISE_CONV_2D/FULLY_CONNECTED, weights per output channel, activations "
-              "per tensor (calibrated min/max), QUANTIZE/DEQUANTIZE around float ops" if quantization.static else
+    model, facts = lower_program(program, CONVERTERS, alternatives, quantization.mode, ranges, INT8_CONVERTERS)
+    scheme = ("static, full integer: int8 CONV_2D/DEPTHWISE_CONV_2D/FULLY_CONNECTED (weights per output channel) "
+              "and int8 ADD/pooling/MEAN/CONCATENATION/PAD/RESHAPE/activations between them, activations per "
+              "tensor (calibrated min/max), QUANTIZE/DEQUANTIZE only around ops without an int8 kernel"
+              if quantization.static else
               "hybrid: int8 weights per output channel, float activations quantized on the fly")
     facts["quantization"] = {"mode": quantization.mode, "backend": "tflite", "scheme": scheme,
                              "weights": {"fp32_bytes": weight_bytes(program),

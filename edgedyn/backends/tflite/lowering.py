@@ -45,10 +45,12 @@ def constant(array: Any) -> Value:
 class Lowering:
     """What converters build with: tensors in the layout they need, and operators producing new Values."""
 
-    def __init__(self, quantize: Optional[str] = None, ranges: Optional[Dict[str, Tuple[float, float]]] = None) -> None:
+    def __init__(self, quantize: Optional[str] = None, ranges: Optional[Dict[str, Tuple[float, float]]] = None,
+                 int8_converters: Optional[Dict[Any, Any]] = None) -> None:
         self.writer = ModelWriter()
         self.quantize = quantize  # None, "int8" (static) or "int8-weights" (hybrid kernels)
         self.ranges = ranges or {}  # node name -> calibrated (min, max), for "int8"
+        self.int8_converters = int8_converters or {}  # ATen op -> converter on int8 inputs (ops/int8.py)
         self.fused = {}  # type: Dict[fx.Node, Any]  # activation node -> the Value of the op it was fused into
 
     def tensor(self, value: Value, perm: Optional[Perm] = None) -> int:
@@ -85,7 +87,7 @@ class Lowering:
         return self.reshape(value, shape)
 
     def reshape(self, value: Value, shape: Sequence[int]) -> Value:
-        out = self.new(shape, value.dtype)
+        out = self.new(shape, value.dtype, quant=value.quant)
         self.reshape_into(self.torch_order(value), out.tensor)
         return out
 
@@ -145,20 +147,22 @@ class Lowering:
 
 
 Converter = Callable[..., Any]
-# Note: with --quantize int8 these converters take int8 Values (and return them); every other converter gets the
-# float copy (Lowering.dequantized), so int8 stays between consecutive convolutions and fully connected layers and
-# DEQUANTIZE/QUANTIZE appear only where a float op sits in between (edgedyn/backends/tflite/ops/quantized.py).
+# Note: with --quantize int8 these converters take int8 Values (and return them), and so do those of
+# `int8_converters` (ops/int8.py: add, pooling, mean, cat, pad, reshapes, activations) when an input is int8 and
+# they cover the case; every other converter gets the float copy (Lowering.dequantized), so DEQUANTIZE/QUANTIZE
+# appear only where an op without an int8 kernel sits between int8 ones (edgedyn/backends/tflite/ops/quantized.py).
 QUANTIZED_CONVERTERS = ("convolution", "linear", "addmm", "mm")
 
 
 def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any, Converter],
                   alternatives: List[str], quantize: Optional[str] = None,
-                  ranges: Optional[Dict[str, Tuple[float, float]]] = None) -> Tuple[bytes, Dict[str, Any]]:
+                  ranges: Optional[Dict[str, Tuple[float, float]]] = None,
+                  int8_converters: Optional[Dict[Any, Converter]] = None) -> Tuple[bytes, Dict[str, Any]]:
     """The .tflite bytes for `program`, with its inputs and outputs in torch layout, and facts for the manifest."""
     graph = program.graph_module.graph
     parameters = _parameters(program)
     _check_supported(graph, parameters, converters, alternatives)
-    ctx = Lowering(quantize, ranges)
+    ctx = Lowering(quantize, ranges, int8_converters if quantize == "int8" else None)
     values = {}  # type: Dict[fx.Node, Any]
     inputs = []  # type: List[int]
     for node in graph.nodes:
@@ -274,6 +278,10 @@ def _convert(ctx: Lowering, node: fx.Node, values: Dict[fx.Node, Any], converter
         return _fold(node, args, kwargs)
     converter = converters[node.target]
     if ctx.quantize == "int8" and converter.__name__ not in QUANTIZED_CONVERTERS:
+        int8 = ctx.int8_converters.get(node.target)
+        out = int8(ctx, node, *args, **kwargs) if int8 is not None else None
+        if out is not None:
+            return out
         to_float = lambda v: ctx.dequantized(v) if isinstance(v, Value) else v  # noqa: E731
         args, kwargs = fx.node.map_aggregate(args, to_float), fx.node.map_aggregate(kwargs, to_float)
     return converter(ctx, node, *args, **kwargs)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from edgedyn.runtime import profiling
-from edgedyn.runtime.errors import MissingDependencyError
+from edgedyn.runtime.errors import BundleError, MissingDependencyError
 
 CPU = "CPUExecutionProvider"
 # Runs of the fresh profiling session left out of its profile: its first calls grow memory arenas and caches.
@@ -33,19 +33,55 @@ def usable_providers(wanted: List[str], available: List[str]) -> List[str]:
     return [name for name in wanted if name in available and name != CPU] + [CPU]
 
 
+# The board's [onnxruntime] table as the backend records it in the artifact (edgedyn/boards.py validates the
+# board file; a bundle is checked again here, since a file controls it). Without a record: these values.
+DEFAULT_SESSION = {"graph_optimization": "all", "intra_op_threads": 0, "allow_spinning": True,
+                   "execution_mode": "sequential"}
+_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
+           "disabled": "ORT_DISABLE_ALL"}
+_MODES = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
+
+
+def session_settings(artifact: Dict[str, Any]) -> Dict[str, Any]:
+    """The artifact's recorded session settings over the defaults, each checked."""
+    recorded = artifact.get("onnxruntime", {}).get("session", {})
+    if not isinstance(recorded, dict) or set(recorded) - set(DEFAULT_SESSION):
+        raise BundleError("onnxruntime.session: expected a table with {}, got {!r}".format(
+            ", ".join(DEFAULT_SESSION), recorded))
+    settings = dict(DEFAULT_SESSION, **recorded)
+    threads = settings["intra_op_threads"]
+    valid_threads = type(threads) is int and 0 <= threads <= 1024
+    if (settings["graph_optimization"] not in _LEVELS or settings["execution_mode"] not in _MODES
+            or not isinstance(settings["allow_spinning"], bool) or not valid_threads):
+        raise BundleError("onnxruntime.session: invalid settings {!r}".format(settings),
+                          hint="graph_optimization: {}; execution_mode: {}; allow_spinning: true/false; "
+                               "intra_op_threads: 0-1024".format(", ".join(_LEVELS), ", ".join(_MODES)))
+    return settings
+
+
+def _session_options(ort: Any, settings: Dict[str, Any], threads: Optional[int]) -> Any:
+    """SessionOptions from the checked settings; the runtime's `threads` wins over the board's thread count."""
+    options = ort.SessionOptions()
+    # The file holds only the portable (basic) optimizations; the layout and fusion rewrites for this CPU and
+    # these providers happen here, on the board ("all" unless the board file says otherwise).
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[settings["graph_optimization"]])
+    options.execution_mode = getattr(ort.ExecutionMode, _MODES[settings["execution_mode"]])
+    options.log_severity_level = 3
+    count = threads or settings["intra_op_threads"]
+    if count:
+        options.intra_op_num_threads = int(count)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings["allow_spinning"] else "0")
+    return options
+
+
 class OnnxRuntimeExecutor:
     """One onnxruntime InferenceSession over the bundle's model file."""
 
     def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
         ort = _import_onnxruntime()
-        session_options = ort.SessionOptions()
-        # The file holds only the portable (basic) optimizations; the layout and fusion rewrites for this CPU and
-        # these providers happen here, on the board.
-        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session_options.log_severity_level = 3
         threads = options.get("threads")
-        if threads:
-            session_options.intra_op_num_threads = int(threads)
+        self._settings = session_settings(artifact)
+        session_options = _session_options(ort, self._settings, threads)
         self._requested = list(artifact.get("execution_providers", [CPU]))
         providers = usable_providers(self._requested, ort.get_available_providers())
         model = bundle.read(artifact["files"]["model"])
@@ -83,12 +119,8 @@ class OnnxRuntimeExecutor:
         clock = time.perf_counter
         walls = []  # type: List[float]
         try:
-            options = ort.SessionOptions()
             # The same settings as the session that runs the bundle, so the profile times the same kernels.
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            options.log_severity_level = 3
-            if self._threads:
-                options.intra_op_num_threads = int(self._threads)
+            options = _session_options(ort, self._settings, self._threads)
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(directory, "profile")
             session = ort.InferenceSession(self._model, options, providers=self._session.get_providers())
@@ -108,7 +140,7 @@ class OnnxRuntimeExecutor:
         ops, samples = node_times(events, skip_runs=WARMUP_RUNS)
         walls = walls[:len(samples)]  # onnxruntime stops recording past its event limit: keep the runs it has
         floor_ms = profiler_floor_ms(ops, samples)
-        samples = [[max(0.0, time - floor_ms * op["calls"]) for op, time in zip(ops, run)] for run in samples]
+        samples = [[max(0.0, spent - floor_ms * op["calls"]) for op, spent in zip(ops, one)] for one in samples]
         return {"source": "onnxruntime profiler (SessionOptions.enable_profiling), whole microseconds per node",
                 "ops": ops, "samples_ms": samples, "wall_ms": walls, "profiler_floor_ms": floor_ms,
                 "note": "{:.1f} us taken off each node call: the shortest node's kernel span, what onnxruntime's "
@@ -126,6 +158,7 @@ class OnnxRuntimeExecutor:
             "providers": self._session.get_providers(),
             "providers_requested": self._requested,
             "threads": self._threads,
+            "session": dict(self._settings),
         }
 
 

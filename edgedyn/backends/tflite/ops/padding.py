@@ -32,12 +32,16 @@ def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequenc
     pads = np.array([[0, 0], [padding[0], padding[0]], [padding[1], padding[1]], [0, 0]], dtype=np.int32)
     padded = [shape[0], shape[2] + 2 * padding[0], shape[3] + 2 * padding[1], shape[1]]
     out = ctx.writer.tensor("pad", padded, np.int8 if quant is not None else np.float32, quant)
-    if quant is not None:  # int8 PAD fills with the zero point, i.e. 0.0
-        ctx.writer.require_version("PAD", 3)
     if pad_value == 0.0:
+        if quant is not None:  # int8 PAD fills with the zero point, i.e. 0.0
+            ctx.writer.require_version("PAD", 3)
         ctx.writer.operator("PAD", [x, ctx.writer.constant(pads)], [out], "PadOptions")
-    else:
-        ctx.writer.operator("PADV2", [x, ctx.writer.constant(pads), ctx.scalar(pad_value)], [out], "PadV2Options")
+        return out, 1
+    fill = ctx.scalar(pad_value)
+    if quant is not None:  # max pooling's -inf: the lowest int8, on the input's own scale as PADV2 requires
+        ctx.writer.require_version("PADV2", 2)
+        fill = ctx.writer.constant(np.asarray([-128], np.int8), "fill", quant)
+    ctx.writer.operator("PADV2", [x, ctx.writer.constant(pads), fill], [out], "PadV2Options")
     return out, 1
 
 

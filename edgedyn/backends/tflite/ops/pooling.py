@@ -8,6 +8,7 @@ from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value
 from edgedyn.backends.tflite.ops.padding import pair, spatial_padding
+from edgedyn.backends.tflite.writer import Quant
 from edgedyn.runtime.kernels.base import is_global_average
 
 aten = torch.ops.aten
@@ -19,7 +20,7 @@ def output_shape(node: Any) -> List[int]:
     return list((val[0] if isinstance(val, (tuple, list)) else val).shape)
 
 
-def _window(node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+def window(node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
             ceil_mode: bool) -> Any:
     kernel = pair(kernel)
     stride = pair(stride) if stride else kernel
@@ -36,7 +37,7 @@ def max_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
                padding: Sequence[int] = (0,), dilation: Sequence[int] = (1,), ceil_mode: bool = False) -> Any:
     if any(d != 1 for d in pair(dilation)):
         raise Unsupported("dilated max pooling")
-    kernel, stride, padding = _window(node, x, kernel, stride, padding, ceil_mode)
+    kernel, stride, padding = window(node, x, kernel, stride, padding, ceil_mode)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
                                    pad_value=float(np.finfo(np.float32).min))
     out = ctx.emit("MAX_POOL_2D", [source], output_shape(node), layout.NHWC, "Pool2DOptions", padding=mode,
@@ -51,7 +52,7 @@ def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
         raise Unsupported("divisor_override")
     if x.rank == 4 and is_global_average(x.shape[2:], output_shape(node)[2:], pair(kernel), pair(padding)):
         return reduce(ctx, "MEAN", x, [2, 3], True)
-    kernel, stride, padding = _window(node, x, kernel, stride, padding, ceil_mode)
+    kernel, stride, padding = window(node, x, kernel, stride, padding, ceil_mode)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
                                    same_ok=not count_include_pad)
     return _average(ctx, source, output_shape(node), kernel, stride, mode)
@@ -75,8 +76,10 @@ def adaptive_avg_pool2d(ctx: Lowering, node: Any, x: Value, output_size: Sequenc
     return _average(ctx, ctx.tensor(x, layout.NHWC), output_shape(node), kernel, kernel, 1)
 
 
-def reduce(ctx: Lowering, op: str, x: Value, dims: Optional[Sequence[int]], keepdim: bool) -> Value:
-    """Reduces torch dims `dims` in the layout x is stored in; without keepdim the rest keep their order."""
+def reduce(ctx: Lowering, op: str, x: Value, dims: Optional[Sequence[int]], keepdim: bool,
+           quant: Optional[Quant] = None) -> Value:
+    """Reduces torch dims `dims` in the layout x is stored in; without keepdim the rest keep their order.
+    `quant`: the int8 output's scale (ops/int8.py), None for float."""
     dims = sorted({d % x.rank for d in dims}) if dims else list(range(x.rank))
     axes = [x.perm.index(d) for d in dims]
     if keepdim:
@@ -85,7 +88,8 @@ def reduce(ctx: Lowering, op: str, x: Value, dims: Optional[Sequence[int]], keep
     else:
         shape = [n for i, n in enumerate(x.shape) if i not in dims]
         perm = layout.drop_dims(x.perm, dims)
-    return ctx.emit(op, [ctx.tensor(x), ctx.ints(axes)], shape, perm, "ReducerOptions", x.dtype, keep_dims=keepdim)
+    return ctx.emit(op, [ctx.tensor(x), ctx.ints(axes)], shape, perm, "ReducerOptions", x.dtype, quant,
+                    keep_dims=keepdim)
 
 
 def _reducer(op: str) -> Any:

@@ -8,6 +8,7 @@ from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value, constant
 from edgedyn.backends.tflite.ops.elementwise import operand_layout
+from edgedyn.backends.tflite.writer import Quant
 
 aten = torch.ops.aten
 
@@ -43,7 +44,7 @@ def permute(ctx: Lowering, node: Any, x: Value, dims: Sequence[int]) -> Value:
     dims = [d % x.rank for d in dims]
     if x.is_constant:
         return constant(np.transpose(x.data, dims))
-    return Value(_shape(node), x.dtype, tuple(dims.index(d) for d in x.perm), tensor=x.tensor)
+    return Value(_shape(node), x.dtype, tuple(dims.index(d) for d in x.perm), tensor=x.tensor, quant=x.quant)
 
 
 def transpose(ctx: Lowering, node: Any, x: Value, dim0: int = 0, dim1: int = 1) -> Value:
@@ -120,13 +121,15 @@ def _contiguous(size: Sequence[int], stride: Sequence[int]) -> bool:
     return True
 
 
-def cat(ctx: Lowering, node: Any, tensors: Sequence[Value], dim: int = 0) -> Value:
+def cat(ctx: Lowering, node: Any, tensors: Sequence[Value], dim: int = 0, quant: Optional[Quant] = None) -> Value:
+    """CONCATENATION; `quant` is the int8 scale every part already has (ops/int8.py), None for float."""
     shape = _shape(node)
     dim = dim % len(shape)
     parts = [t for t in tensors if t.shape[dim] != 0 or t.rank != len(shape)]
     perm = operand_layout(parts, len(shape))
     inputs = [ctx.tensor(t, perm) for t in parts]
-    return ctx.emit("CONCATENATION", inputs, shape, perm, "ConcatenationOptions", axis=perm.index(dim))
+    dtype = np.int8 if quant is not None else np.float32
+    return ctx.emit("CONCATENATION", inputs, shape, perm, "ConcatenationOptions", dtype, quant, axis=perm.index(dim))
 
 
 CONVERTERS = {
