@@ -215,15 +215,21 @@ def test_cli_calibration_folder_auto_backend_and_inspect(run_cli, tmp_path):
     manifest = json.loads(run_cli("inspect", "--json", str(bundle)).stdout)
     artifact = manifest["specializations"][0]["artifacts"][-1]
     assert artifact["backend"] in ("onnxruntime", "tflite")
-    assert set(artifact["selection"]["medians_ms"]) <= {"onnxruntime", "tflite"}
+    selection = artifact["selection"]
+    # auto timed the int8 and the fp32 candidates; which one wins is this machine's measurement, so both outcomes
+    # are checked for what each must record (the int8 manifest itself is pinned by the fixed-backend tests).
+    assert set(selection["fp32_medians_ms"]) >= {"onnxruntime", "tflite"}
+    assert set(selection["int8_medians_ms"]) >= {"onnxruntime", "tflite"}
+    text = run_cli("inspect", str(bundle)).stdout
+    assert "why      " in text
+    if "quantization" not in artifact:
+        assert "int8 is not faster here" in selection["why"] and "fp32 artifact is kept" in text
+        return
     output = artifact["quantization"]["accuracy"]["outputs"][0]
     assert {"max_abs_error", "cosine", "top1_agreement"} <= set(output)
     assert artifact["quantization"]["calibration"]["batches"] == 16  # 20 samples, 4 held out
-    text = run_cli("inspect", str(bundle)).stdout
     assert "quantization  int8" in text and "smaller" in text and "top1_agreement" in text
-    # auto timed the fp32 candidates too, and says how the int8 winner compared
-    assert set(artifact["selection"]["fp32_medians_ms"]) >= {"onnxruntime", "tflite"}
-    assert "why      " in text and "the fastest fp32" in text
+    assert "the fastest fp32" in text
 
 
 def test_calibration_from_npz_and_a_function(tmp_path):
