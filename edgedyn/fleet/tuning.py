@@ -56,10 +56,12 @@ class Remote:
     key: str
 
 
-def tune_model(model: str, board: Board, inputs: Optional[List[str]], trials: int, per_task: Optional[int] = None,
+def tune_model(model: Any, board: Board, inputs: Optional[List[str]], trials: int, per_task: Optional[int] = None,
                remote: Optional[Remote] = None, root: Optional[Path] = None,
-               on_progress: Optional[OnProgress] = None) -> Dict[str, Any]:
-    """Tunes every specialization of `model` for the board's CPU target; returns the database's record."""
+               on_progress: Optional[OnProgress] = None, example_inputs: Any = None) -> Dict[str, Any]:
+    """Tunes every specialization of `model` for the board's CPU target; returns the database's record.
+
+    `model`, `example_inputs` and `inputs` (`--input` strings) as for edgedyn.export."""
     if trials < 1:
         raise EdgedynError("--trials must be at least 1, got {}".format(trials),
                            hint="a few hundred per model give most of the speed-up; 16 is a smoke test")
@@ -75,7 +77,7 @@ def tune_model(model: str, board: Board, inputs: Optional[List[str]], trials: in
     folder = database.database_dir(target.name, root)
     folder.mkdir(parents=True, exist_ok=True)
     progress = Progress()
-    captured = capture(model, None, inputs=inputs)
+    captured = capture(model, example_inputs, inputs=inputs)
     for spec in captured.specializations:
         progress.specialization = spec.name
         module, _ = import_relax(run_pipeline(spec.program, "default"))

@@ -128,3 +128,12 @@ def test_remote_run_equals_a_run_on_the_board_and_torch(fleet: Fleet, bundles: D
     np.testing.assert_allclose(got, on_board, rtol=RTOL, atol=RTOL * scale)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * scale)
 
+
+
+def test_serve_on_a_board_without_tvms_wheel_says_what_to_do(bullseye_rootfs: Path) -> None:
+    """The old board (Python 3.9, as the Jetsons' 3.8): `edgedyn serve` refuses with the path TVM offers there."""
+    result = run_edgedyn(bullseye_rootfs, ["-m", "edgedyn", "serve", "--tracker", "127.0.0.1:9190", "--key", "nano"],
+                         cpu="cortex-a57")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "cannot run `edgedyn serve`" in result.stderr and "needs Python >= 3.10, this board runs 3.9" in result.stderr
+    assert "tvm_rpc" in result.stderr and "hint: see docs/fleet.md" in result.stderr
