@@ -2,8 +2,8 @@
 machine or on boards through the RPC tracker, with the records kept in the target's database (database.py).
 
 The steps are those of `relax.get_pipeline("static_shape_tuning")` (decompose, canonicalize, the zero pipeline,
-tune, apply the database), called as `tune_relax` so that the runner (local or MetaSchedule's RPCRunner) and a
-progress callback can be given; the TVM backend applies the database at every later build for the target.
+tune, apply the database), with tune_relax's own two calls (extract_tasks, tune_tasks) so that the runner (local
+or MetaSchedule's RPCRunner), the builder, the round size and a progress callback can be given; the TVM backend applies the database at every later build for the target.
 MetaSchedule commits each measured batch to the JSON database as it goes, so an interrupted run keeps those trials.
 The search and MetaSchedule's build and run workers run without torch (tune_worker.py, without_torch/): TVM's
 schedule library calls `inspect.stack()` for each of its kernels at import, which scans every loaded module.
