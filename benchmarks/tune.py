@@ -109,6 +109,15 @@ def run_model(name: str, args: argparse.Namespace, workdir: Path, log: Any) -> D
         if direct and entry.get("median_ms"):
             entry["slowdown_vs_onnxruntime_direct"] = entry["median_ms"] / direct
     result["latency"] = latency
+    return scrubbed(result)
+
+
+def scrubbed(result: Dict[str, Any]) -> Dict[str, Any]:
+    """The report without this run's temporary paths (bundles, the database folder): only what it measured."""
+    for entry in result.values():
+        entry.pop("bundle", None)
+    if "database" in result["tune"]:
+        result["tune"]["database"] = Path(result["tune"]["database"]).name
     return result
 
 
