@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -36,17 +36,22 @@ class Fleet:
         self.processes = {}  # type: Dict[str, subprocess.Popen]
         self._start("tracker", ["tracker", "--host", LOOPBACK, "--port", str(self.port)])
 
-    def _start(self, name: str, args: List[str]) -> None:
+    def _start(self, name: str, args: List[str], edgedyn: Sequence[str] = (sys.executable, "-m", "edgedyn"),
+               env: Optional[Dict[str, str]] = None, cwd: Path = REPO) -> None:
         log = (self.workdir / "{}.log".format(name)).open("w")
-        # A session of its own: stopping it stops TVM's worker processes under it too.
-        self.processes[name] = subprocess.Popen([sys.executable, "-m", "edgedyn", *args], cwd=str(REPO),
+        # A session of its own: stopping it stops the sessions it forked too.
+        self.processes[name] = subprocess.Popen([*edgedyn, *args], cwd=str(cwd), env=env,
                                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def serve(self, name: str, key: str) -> None:
+    def serve(self, name: str, key: str, edgedyn: Sequence[str] = (sys.executable, "-m", "edgedyn"),
+              env: Optional[Dict[str, str]] = None, cwd: Path = REPO, seconds: float = 120) -> None:
+        """`edgedyn serve` for `key`, started with the `edgedyn` command line given (this Python by default; the
+        board tests give the emulated board's), once it has registered with the tracker."""
         before = self.summary().get(key, {}).get("total", 0)
         self._start(name, ["serve", "--tracker", self.address, "--key", key, "--host", LOOPBACK,
-                           "--port", str(_free_port())])
-        self.wait(lambda: self.summary().get(key, {}).get("free", 0) > before, "{} to register".format(name))
+                           "--port", str(_free_port())], edgedyn, env, cwd)
+        self.wait(lambda: self.summary().get(key, {}).get("free", 0) > before, "{} to register".format(name),
+                  seconds)
 
     def summary(self) -> Dict[str, Any]:
         from edgedyn.fleet.client import fleet_summary

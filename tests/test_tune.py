@@ -62,7 +62,7 @@ def test_tune_writes_records_and_reports_progress(tuned) -> None:
     assert record["target"] == "x86-64-v2" and record["records"] >= 1 and len(record["sha256"]) == 64
     assert Path(record["database"]) == root / "x86-64-v2"
     assert (root / "x86-64-v2" / "database_tuning_record.json").is_file()
-    assert "trials, best" in stderr and "GFLOPS" in stderr
+    assert "trials over 1 kernels, best" in stderr and "GFLOPS" in stderr
 
 
 def test_export_after_tuning_builds_with_the_records(tuned, run_cli_module, tmp_path: Path) -> None:
@@ -110,3 +110,34 @@ def test_tune_user_errors(run_cli_module, args, message, hint) -> None:
     result = run_cli_module("tune", "examples/tiny_cnn.py:TinyCNN", *args)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert message in result.stderr and hint in result.stderr
+
+
+@pytest.mark.requires("tornado")  # the tracker's
+def test_tune_through_the_tracker_measures_on_the_served_board(run_cli_module, tmp_path: Path) -> None:
+    """`tune --remote`: MetaSchedule's RPCRunner measures on an `edgedyn serve` board of the key (here, on
+    loopback); the records land in the database, and the export after it names that database and uses them."""
+    import edgedyn.runtime as rt
+    from test_fleet import Fleet
+
+    (tmp_path / "tiny.py").write_text(TINY)
+    root = tmp_path / "tuning"
+    fleet = Fleet(tmp_path)
+    try:
+        fleet.wait(lambda: fleet.summary() is not None, "the tracker")
+        fleet.serve("board", "x86")
+        sessions = fleet.log("board").count("connected from")
+        result = run_cli_module("tune", str(tmp_path / "tiny.py") + ":Tiny", "--board", "x86-64", "--trials", "2",
+                                "-i", "x=4x32", "--database", str(root), "--json", "--remote", fleet.address,
+                                "--key", "x86")
+        assert result.returncode == 0, result.stderr
+        assert fleet.log("board").count("connected from") > sessions  # the candidates ran on the served board
+    finally:
+        fleet.close()
+    record = json.loads(result.stdout)
+    assert record["records"] >= 1 and Path(record["database"]) == root / "x86-64-v2"
+    out = tmp_path / "tuned.edgedyn"
+    done = run_cli_module("export", str(tmp_path / "tiny.py") + ":Tiny", "--board", "x86-64", "--backend", "tvm",
+                          "-i", "x=4x32", "-o", str(out), env={"EDGEDYN_TUNING_DIR": str(root)})
+    assert done.returncode == 0, done.stderr
+    tuning = rt.load(out).specializations[0].artifact["tuning"]
+    assert tuning["sha256"] == record["sha256"] and tuning["tuned_functions"] >= 1

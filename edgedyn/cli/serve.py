@@ -25,6 +25,6 @@ def serve_command(
     err.print("serving key '{}' on {}:{}, registered with the tracker {}:{}".format(
         key, host, server.port, address[0], address[1]))
     try:
-        server.proc.join()
+        server.run()
     except KeyboardInterrupt:
-        server.terminate()
+        pass

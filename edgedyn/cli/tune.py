@@ -60,8 +60,9 @@ def _progress() -> Iterator[Callable[..., None]]:
     """Trials, best GFLOPS and elapsed time: a live bar on a terminal, a line per batch elsewhere."""
     if not err.is_terminal:
         def plain(progress: "TuneProgress") -> None:
-            err.print("tune {}: {}/{} trials, best {:.3g} GFLOPS, {:.0f} s".format(
-                progress.specialization, progress.trials, progress.total, progress.best_gflops, progress.elapsed_s))
+            err.print("tune {}: {}/{} trials over {} kernels, best {:.3g} GFLOPS, {:.0f} s".format(
+                progress.specialization, progress.trials, progress.total, progress.tasks, progress.best_gflops,
+                progress.elapsed_s))
         yield plain
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -145,22 +145,33 @@ def run_on_board(
     timeout: float = 900,
 ) -> "subprocess.CompletedProcess[str]":
     """Run the board's python3 with `argv` under qemu-user and capture its text output."""
-    rootfs = Path(rootfs)
-    python = rootfs / "usr" / "bin" / "python3"
-    if not python.exists():
-        raise EmulationError(f"no usr/bin/python3 in {rootfs}", hint="build the board first with ensure_rootfs()")
-    check_tools()
-    # Always a real CPU model: qemu's default `max` gave wrong int8 results under XNNPACK (docs/stack-notes.md).
-    command = ["qemu-aarch64-static", "-L", str(rootfs), "-cpu", cpu, str(python), *argv]
     return subprocess.run(
-        command,
-        env=_board_env(rootfs, env, pythonpath),
+        board_command(rootfs, argv, cpu),
+        env=_board_env(Path(rootfs), env, pythonpath),
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def board_command(rootfs: Path, argv: Sequence[str], cpu: str = "cortex-a72") -> List[str]:
+    """The qemu-user command line that runs the board's python3 with `argv` (for a process that keeps running,
+    such as a served board, start it with `board_environment`)."""
+    rootfs = Path(rootfs)
+    python = rootfs / "usr" / "bin" / "python3"
+    if not python.exists():
+        raise EmulationError(f"no usr/bin/python3 in {rootfs}", hint="build the board first with ensure_rootfs()")
+    check_tools()
+    # Always a real CPU model: qemu's default `max` gave wrong int8 results under XNNPACK (docs/stack-notes.md).
+    return ["qemu-aarch64-static", "-L", str(rootfs), "-cpu", cpu, str(python), *argv]
+
+
+def board_environment(rootfs: Path, env: Optional[Mapping[str, str]] = None,
+                      pythonpath: Sequence[Path] = ()) -> Dict[str, str]:
+    """The environment of a process started with `board_command`."""
+    return _board_env(Path(rootfs), env, pythonpath)
 
 
 def _board_env(rootfs: Path, extra: Optional[Mapping[str, str]], pythonpath: Sequence[Path]) -> Dict[str, str]:

@@ -54,5 +54,18 @@ def run_arrays(path: str, inputs_npz: bytes, threads: Optional[int] = None) -> b
 
 
 def board_environment() -> Dict[str, Any]:
-    """The board's own environment block (CPU, clocks, Python, numpy) and its host name."""
-    return dict(sysinfo.environment(), hostname=platform.node(), arch=host_arch())
+    """The board's own environment block (CPU, clocks, Python, numpy), its host name, and the emulator it runs
+    under (None on real hardware)."""
+    return dict(sysinfo.environment(), hostname=platform.node(), arch=host_arch(), emulated_by=emulator())
+
+
+def emulator() -> Optional[str]:
+    """The process name when this process is qemu-user running the board's Python (as the emulated boards of
+    edgedyn.emulate are: `qemu-aarch64-st`), else None. qemu-user shows the guest's /proc/self/exe and cmdline,
+    but not the name the kernel keeps for the process (its own, cut to 15 characters)."""
+    try:
+        with open("/proc/self/comm") as handle:
+            name = handle.read().strip()
+    except OSError:
+        return None
+    return name if name.startswith("qemu-") else None

@@ -7,7 +7,10 @@ hint, while an RPC failure means the board itself went away.
 
 Board side: standard library, numpy, edgedyn.runtime and TVM's RPC only (never torch), Python 3.8 syntax.
 """
+import errno
 import json
+import multiprocessing
+import socket
 import sys
 import traceback
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -108,12 +111,46 @@ def import_rpc() -> Any:
     return rpc
 
 
-def serve(tracker: Tuple[str, int], key: str, host: str, port: int, port_end: int) -> Any:
-    """Starts TVM's RPC server (in its own process) registered with the tracker under `key`; returns it."""
-    rpc = import_rpc()
-    try:
-        return rpc.Server(host=host, port=port, port_end=port_end, tracker_addr=tracker, key=key,
-                          server_init_callback=register_functions)
-    except ValueError as error:  # TVM's words for "every port in the range is taken"
-        raise EdgedynError("`edgedyn serve` cannot listen on {}: {}".format(host, error),
-                           hint="choose another --port, or stop the server already running there")
+class Served:
+    """TVM's RPC server loop run in this process, on a socket bound to `port`, registered with the tracker."""
+
+    def __init__(self, sock: socket.socket, port: int, tracker: Tuple[str, int], key: str) -> None:
+        self.sock, self.port, self.tracker, self.key = sock, port, tracker, key
+
+    def run(self) -> None:
+        """Serves sessions until interrupted: TVM's listen loop (tracker registration, key matching, a forked
+        process per session with its session timeout)."""
+        from tvm.rpc import server as rpc_server
+
+        try:
+            rpc_server._listen_loop(self.sock, self.port, self.key, self.tracker, None, None)
+        finally:
+            self.sock.close()
+
+
+def serve(tracker: Tuple[str, int], key: str, host: str, port: int, port_end: int) -> Served:
+    """Binds the first free port of [port, port_end) and registers edgedyn's device commands; `run()` serves.
+
+    Not `tvm.rpc.Server`: that starts its loop in a new Python process (exec), which a board emulated under
+    qemu-user cannot do (only fork), and which needs cloudpickle; the loop itself is the same."""
+    import_rpc()
+    # Sessions are forks of this process, which holds the registered functions (and a fork is all qemu-user
+    # can start); Python 3.14 makes forkserver the default.
+    multiprocessing.set_start_method("fork", force=True)
+    register_functions()
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    for candidate in range(port, port_end):
+        try:
+            sock.bind((host, candidate))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                continue
+            sock.close()
+            raise EdgedynError("`edgedyn serve` cannot listen on {}:{}: {}".format(host, candidate, error),
+                               hint="give an address of this machine with --host (0.0.0.0 for all)")
+        sock.listen(1)
+        return Served(sock, candidate, tracker, key)
+    sock.close()
+    raise EdgedynError("`edgedyn serve` cannot listen on {}: every port in [{}, {}) is taken".format(
+        host, port, port_end), hint="choose another --port, or stop the server already running there")

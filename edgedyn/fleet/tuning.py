@@ -2,11 +2,11 @@
 machine or on boards through the RPC tracker, with the records kept in the target's database (database.py).
 
 The steps are those of `relax.get_pipeline("static_shape_tuning")` (decompose, canonicalize, the zero pipeline,
-tune, apply the database), called as `tune_relax` so that the runner (local or MetaSchedule's RPCRunner) and a
-progress callback can be given; the TVM backend applies the database at every later build for the target.
+tune, apply the database), with tune_relax's own two calls (extract_tasks, tune_tasks) so that the runner (local
+or MetaSchedule's RPCRunner), the builder, the round size and a progress callback can be given; the TVM backend applies the database at every later build for the target.
 MetaSchedule commits each measured batch to the JSON database as it goes, so an interrupted run keeps those trials.
-The search runs in a process of its own without torch (tune_worker.py): TVM's schedule library calls
-`inspect.stack()` for each of its kernels at import, which scans every loaded module (minutes beside torch).
+The search and MetaSchedule's build and run workers run without torch (tune_worker.py, without_torch/): TVM's
+schedule library calls `inspect.stack()` for each of its kernels at import, which scans every loaded module.
 """
 import json
 import os
@@ -26,6 +26,8 @@ from edgedyn.backends import tuning_records as database
 from edgedyn.fleet.tune_worker import PROGRESS_PREFIX
 from edgedyn.runtime.format import host_arch
 
+WITHOUT_TORCH = Path(__file__).parent / "without_torch"
+
 
 @dataclass
 class Progress:
@@ -34,6 +36,7 @@ class Progress:
     specialization: str = ""
     trials: int = 0
     total: int = 0
+    tasks: int = 0  # kernels MetaSchedule tunes in this specialization
     best_gflops: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
@@ -53,10 +56,12 @@ class Remote:
     key: str
 
 
-def tune_model(model: str, board: Board, inputs: Optional[List[str]], trials: int, per_task: Optional[int] = None,
+def tune_model(model: Any, board: Board, inputs: Optional[List[str]], trials: int, per_task: Optional[int] = None,
                remote: Optional[Remote] = None, root: Optional[Path] = None,
-               on_progress: Optional[OnProgress] = None) -> Dict[str, Any]:
-    """Tunes every specialization of `model` for the board's CPU target; returns the database's record."""
+               on_progress: Optional[OnProgress] = None, example_inputs: Any = None) -> Dict[str, Any]:
+    """Tunes every specialization of `model` for the board's CPU target; returns the database's record.
+
+    `model`, `example_inputs` and `inputs` (`--input` strings) as for edgedyn.export."""
     if trials < 1:
         raise EdgedynError("--trials must be at least 1, got {}".format(trials),
                            hint="a few hundred per model give most of the speed-up; 16 is a smoke test")
@@ -72,7 +77,7 @@ def tune_model(model: str, board: Board, inputs: Optional[List[str]], trials: in
     folder = database.database_dir(target.name, root)
     folder.mkdir(parents=True, exist_ok=True)
     progress = Progress()
-    captured = capture(model, None, inputs=inputs)
+    captured = capture(model, example_inputs, inputs=inputs)
     for spec in captured.specializations:
         progress.specialization = spec.name
         module, _ = import_relax(run_pipeline(spec.program, "default"))
@@ -97,6 +102,8 @@ def _tune_module(module: Any, target: Any, cores: int, folder: Path, trials: int
         (Path(workdir) / "request.json").write_text(json.dumps(request))
         env = dict(os.environ)
         env.pop("TVM_USE_RUNTIME_LIB", None)
+        # First on the path of the search and of every worker it starts: `import torch` fails there.
+        env["PYTHONPATH"] = os.pathsep.join([str(WITHOUT_TORCH)] + [p for p in [env.get("PYTHONPATH")] if p])
         progress.total += trials
         log = Path(workdir) / "worker.log"
         with log.open("w") as errors:
@@ -121,11 +128,16 @@ def _follow(worker: "subprocess.Popen[str]", progress: Progress, on_progress: Op
     base = progress.trials
     assert worker.stdout is not None
     for line in worker.stdout:
-        if line.startswith(PROGRESS_PREFIX):
-            done, best = json.loads(line[len(PROGRESS_PREFIX):])
+        if not line.startswith(PROGRESS_PREFIX):
+            continue
+        report = json.loads(line[len(PROGRESS_PREFIX):])
+        if isinstance(report, dict):  # the search's plan, before its first batch
+            progress.tasks = report["tasks"]
+        else:
+            done, best = report
             progress.trials, progress.best_gflops = base + done, max(progress.best_gflops, best)
-            if on_progress is not None:
-                on_progress(progress)
+        if on_progress is not None:
+            on_progress(progress)
 
 
 def _tail(text: str, lines: int = 15) -> str:
