@@ -25,10 +25,6 @@ sys.path.insert(0, str(HERE))
 from compare import first_line, machine  # noqa: E402  (one definition of the machine record)
 from zoo import FRESH_SEED, onnx_direct, time_variants  # noqa: E402  (one timing worker for the benchmarks)
 
-# Then off the path: benchmarks/profile.py would shadow the standard library's `profile`, which cProfile (imported
-# by torch.distributed when transformers builds a zoo model) needs.
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
-
 RESULTS = HERE / "results"
 BOARD = "x86-64"
 UNTUNED, TUNED, DIRECT = "edgedyn-tvm-untuned", "edgedyn-tvm-tuned", "onnxruntime-direct"
