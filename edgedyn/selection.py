@@ -93,13 +93,48 @@ def _builder(program: Any, board: Board, target: Target, spec: Specialization,
         pipeline = BACKENDS[name].pipeline
         if pipeline not in programs:
             programs[pipeline] = run_pipeline(spec.program, pipeline)
-        artifact = BACKENDS[name].build(Build(program=programs[pipeline], board=board, target=target,
-                                              tensor_inputs=list(spec.tensor_inputs), quantization=quantization))
+        def lower(tuning: bool) -> Artifact:
+            return BACKENDS[name].build(Build(program=programs[pipeline], board=board, target=target,
+                                              tensor_inputs=list(spec.tensor_inputs), quantization=quantization,
+                                              tuning=tuning))
+
+        artifact = untuned_if_wrong(lower(True), spec, lambda: lower(False))
         if pipeline != "default":
             artifact.meta = dict(artifact.meta, pipeline={"name": pipeline, "passes": pipeline_passes(pipeline)})
         return artifact
 
     return build
+
+
+class TuningRejectedWarning(UserWarning):
+    """A build that took tuning records disagreed with torch eager and was built again without them."""
+
+
+def untuned_if_wrong(artifact: Artifact, spec: Specialization, untuned: Callable[[], Artifact]) -> Artifact:
+    """`artifact`, or, when it took tuning records and disagrees with torch eager here, the build without them.
+
+    Note: a MetaSchedule record can compute the wrong thing (seen on x86: a tuned 1x1 convolution whose output
+    buffer holds the next depthwise convolution's padding gave a MobileNetV2 relative error 0.43) while the same
+    kernel untuned is right. The records were the user's choice, but a wrong tuned build must not cost them the
+    export: the build is made again without them, and the warning and the manifest say why.
+    """
+    import warnings
+
+    tuning = artifact.meta.get("tuning")
+    if not tuning or not tuning.get("tuned_functions") or artifact.arch not in (None, host_arch()):
+        return artifact  # untuned, or built for another CPU: the board's verify checks it there
+    try:
+        _verify(artifact, spec)
+        return artifact
+    except BackendError as error:
+        reason = error.message
+    rebuilt = untuned()
+    rejected = dict(tuning, tuned_functions=0, rejected="the build with {} tuned kernels disagreed with torch "
+                    "eager ({}); built without the records".format(tuning["tuned_functions"], reason))
+    rebuilt.meta = dict(rebuilt.meta, tuning=rejected)
+    warnings.warn("tuning records of {} left out of this build: {}".format(
+        tuning.get("database", "the tuning database"), rejected["rejected"]), TuningRejectedWarning, stacklevel=2)
+    return rebuilt
 
 
 def candidates(board: Board, quantization: Optional[Any] = None) -> List[str]:

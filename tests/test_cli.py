@@ -136,3 +136,30 @@ def test_keygen_sign_and_verify_with_trusted_keys(run_cli, export_example, tmp_p
     unsigned = run_cli("verify", str(export_example("loop_example", backend="portable")), "--trusted-keys", str(public))
     assert unsigned.returncode == 2 and "Traceback" not in unsigned.stderr
     assert "is not signed" in unsigned.stderr and "hint: sign it at export with" in unsigned.stderr
+
+
+def test_library_warnings_read_as_warning_lines_and_python_keeps_its_own(monkeypatch, capsys):
+    """A warning raised while a command runs (GPU fallback, tuning records left out) prints as `warning: ...`;
+    main() called in-process gives Python's warning display back afterwards."""
+    import warnings
+
+    from edgedyn.cli import boards as boards_command
+    from edgedyn.cli.main import main
+
+    real = boards_command.list_boards
+    before = warnings.showwarning
+
+    def warn_then_list(*args, **kwargs):
+        warnings.warn("no GPU code in this bundle, it runs on the CPU: planted", UserWarning)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(boards_command, "list_boards", warn_then_list)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with pytest.raises(SystemExit) as exited:
+            main(["boards"])
+    assert exited.value.code in (0, None)
+    err = capsys.readouterr().err
+    assert "warning: no GPU code in this bundle, it runs on the CPU: planted\n" in err
+    assert "UserWarning" not in err and ".py:" not in err
+    assert warnings.showwarning is before

@@ -101,6 +101,46 @@ def test_export_without_records_says_nothing_about_tuning(tuned, run_cli_module,
     assert "tuning" not in rt.load(out).specializations[0].artifact
 
 
+def test_a_tuned_build_that_disagrees_is_built_again_without_the_records(tuned, tmp_path: Path, monkeypatch):
+    """A wrong tuned build (planted: the build that took the records gets its weights negated, as a wrong record
+    computes something else) must not ship, and must not cost the export: it is made again without the records,
+    with a warning and the reason in the manifest."""
+    import io
+
+    import torch
+
+    import edgedyn
+    import edgedyn.runtime as rt
+    from edgedyn.backends import tvm as tvm_backend
+    from edgedyn.runtime.format import pack_arrays
+    from edgedyn.selection import TuningRejectedWarning
+
+    work, root, record, _ = tuned
+    real = tvm_backend.lower
+
+    def wrong_when_tuned(build):
+        artifact = real(build)
+        if artifact.meta.get("tuning", {}).get("tuned_functions"):
+            with np.load(io.BytesIO(artifact.files["weights"]), allow_pickle=False) as weights:
+                artifact.files["weights"] = pack_arrays({name: -weights[name] for name in weights.files})
+        return artifact
+
+    monkeypatch.setenv("EDGEDYN_TUNING_DIR", str(root))
+    monkeypatch.setattr(tvm_backend, "lower", wrong_when_tuned)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU())  # the tuned kernel's workload
+    with pytest.warns(TuningRejectedWarning, match="disagreed with torch eager"):
+        path = edgedyn.export(model, (torch.randn(4, 32),), board="x86-64", backend="tvm",
+                              output=tmp_path / "t.edgedyn")
+    tuning = rt.load(path).specializations[0].artifact["tuning"]
+    assert tuning["tuned_functions"] == 0 and tuning["sha256"] == record["sha256"]
+    assert "with 1 tuned kernels disagreed" in tuning["rejected"] and "built without the records" in tuning["rejected"]
+    x = np.random.default_rng(12).standard_normal((4, 32)).astype(np.float32)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(rt.load(path)(x), want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("args, message, hint", [
     (("--board", "raspberry-pi-5"), "tuning measures kernels on the board itself", "--remote HOST:PORT --key KEY"),
     (("--board", "x86-64", "--trials", "0"), "--trials must be at least 1", "16 is a smoke test"),

@@ -35,6 +35,7 @@ class Build:
     precision: str = "fp32"  # "fp16": GPU artifacts compute in half precision
     quantization: Optional[Any] = None  # an edgedyn.quantize.Quantization (backends with quantizes=True)
     reference: Optional[bytes] = None  # reference .npz (inputs and torch outputs), for accuracy measured in a build
+    tuning: bool = True  # False: build without the target's tuning records (a tuned build that disagreed)
 
 
 @contextmanager

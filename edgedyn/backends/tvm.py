@@ -40,7 +40,7 @@ def lower(build: Build) -> Artifact:
 
     module, weights = import_relax(program)
     tvm_target = target.tvm_target()
-    tuning = database.describe(database.database_dir(target.name))
+    tuning = database.describe(database.database_dir(target.name)) if build.tuning else None
     with tvm_target:
         if tuning is not None:
             module, tuning["tuned_functions"] = apply_tuning_records(module, tuning["database"])

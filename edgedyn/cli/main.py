@@ -1,7 +1,7 @@
 """Wires the commands together and turns user errors into `error:` / `hint:` lines."""
 import os
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 from typing_extensions import Annotated
@@ -65,8 +65,17 @@ def _report(error: BaseException) -> None:
         sys.stderr.write("hint: {}\n".format(hint))
 
 
+def _show_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                  line: Optional[str] = None) -> None:
+    """Warnings from the library (GPU fallback, tuning records left out) as a person reads them: `warning: ...`,
+    not Python's file:line and source."""
+    sys.stderr.write("warning: {}\n".format(message))
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point of the `edgedyn` script."""
+    import warnings
+
     from edgedyn.runtime import guards
     from edgedyn.runtime.errors import EdgedynError
 
@@ -75,6 +84,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         # Note: see edgedyn/runtime/executors/tvm.py; only a process that never compiles may set this.
         os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
     style, guards.hint_style = guards.hint_style, "cli"  # a person at the command line: hints in --input syntax
+    shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         app(args=args, prog_name="edgedyn")  # usage errors exit 2 from click itself
     except EdgedynError as error:
@@ -84,6 +94,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(getattr(error, "exit_code", 2))
     finally:
         guards.hint_style = style  # main() called in-process (tests) leaves Python callers their hints
+        warnings.showwarning = shown
 
 if __name__ == "__main__":
     main()
