@@ -103,7 +103,8 @@ def test_a_zoo_export_without_gpu_code_names_each_function_and_why(monkeypatch, 
     assert {"dlight": "no GPU rule applies"} in missing["functions"].values()
     shown = run_cli("inspect", str(path))
     assert shown.returncode == 0, shown.stderr
-    assert "no gpu   cuda-sm87 (sm_87): the TVM CUDA build for sm_87 failed" in shown.stdout
+    assert "no gpu   cuda-sm87 (sm_87): tvm builds no GPU code for {} functions:".format(
+        len(missing["functions"])) in shown.stdout
     assert "    {}: Matmul: AssertionError: There are some consumers".format(failed[0]) in shown.stdout
     listed = json.loads(run_cli("inspect", "--json", str(path)).stdout)["specializations"][0]["no_gpu_code"]
     assert listed["functions"] == missing["functions"]

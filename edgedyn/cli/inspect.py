@@ -100,8 +100,12 @@ def _gpu(artifact: Dict[str, Any]) -> None:
 
 def _no_gpu_code(record: Dict[str, Any], shown: int = 10) -> None:
     """Why the bundle has no GPU artifact: the reason, then each function without GPU code and every rule's why."""
-    out.print("  no gpu   {} ({}): {}".format(record.get("target"), record.get("arch"), record["reason"].splitlines()[0]))
     functions = record.get("functions") or {}
+    reason = " ".join(record["reason"].split())  # a reason from TVM's stderr spans lines
+    if functions:  # the reason names only the first few; all of them follow
+        reason = "{} builds no GPU code for {} functions:".format(record.get("backend"), len(functions))
+    out.print("  no gpu   {} ({}): {}".format(record.get("target"), record.get("arch"),
+                                             reason if len(reason) <= 600 else reason[:597] + "..."))
     for name in sorted(functions)[:shown]:
         out.print("    {}: {}".format(name, "; ".join("{}: {}".format(rule, why)
                                                      for rule, why in sorted(functions[name].items()))))
