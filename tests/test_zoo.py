@@ -6,11 +6,19 @@ import numpy as np
 import pytest
 
 from edgedyn import zoo
+from edgedyn.errors import BackendError
 
 pytestmark = pytest.mark.requires("transformers")
 
+# Known limits, each a strict xfail that turns red once it is fixed. Swin: the onnxruntime backend hands torch's
+# ONNX exporter the high-level graph (its own pipeline), and the exporter's decomposition then views a
+# non-contiguous tensor (`Cannot view a tensor with shape [4, 16, 2, 16] ... as (4, 16, 32)` in the windowed
+# attention's reshape); the core-ATen graph of the other backends exports and verifies (benchmarks/README.md).
+KNOWN = {"swin": pytest.mark.xfail(strict=True, raises=BackendError, reason="torch's ONNX exporter fails on Swin's high-level graph "
+                                                       "(ConversionError: Cannot view a tensor ...)")}
 # One model per family the default run must keep (cnn, encoder, detector); the others are `zoo_full`.
-PARAMS = [pytest.param(name, marks=() if zoo.get(name).fast else pytest.mark.zoo_full, id=name)
+PARAMS = [pytest.param(name, marks=(() if zoo.get(name).fast else (pytest.mark.zoo_full,))
+                       + ((KNOWN[name],) if name in KNOWN else ()), id=name)
           for name in zoo.names()]
 FRESH_SEED = 1234  # not the seed the capture drew its example inputs with
 
