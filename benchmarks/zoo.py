@@ -450,6 +450,48 @@ def markdown(report: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary(reports: List[Dict[str, Any]]) -> str:
+    """Per backend found in the reports (merged, the default first), one row per model and one column per board:
+    the CPU artifact that ran and its max relative error, or what failed; the default's table also has the x86
+    bundle's latency against its peers."""
+    from edgedyn import zoo
+
+    cells = {}  # type: Dict[str, Dict[str, Dict[str, Any]]]
+    latency = {}  # type: Dict[str, Dict[str, Any]]
+    for report in reports:
+        for name, result in report["models"].items():
+            cells.setdefault(name, {}).update(result["cells"])
+            latency[name] = result.get("latency") or latency.get(name, {})
+    keys = {key for row in cells.values() for key in row}
+    backends = sorted({key.split("/")[1] for key in keys}, key=lambda b: (b != "auto", b))
+    tables = []
+    for backend in backends:
+        boards = sorted(key.split("/")[0] for key in keys if key.endswith("/" + backend))
+        timed = backend == "auto"
+        lines = ["backend `{}`:".format(backend), "",
+                 "| model | " + " | ".join(boards) + (" | x86 ms | onnxruntime-direct ms | torch eager ms |" if timed else " |"),
+                 "|---|" + "---|" * (len(boards) + (3 if timed else 0))]
+        for name in [n for n in zoo.names() if n in cells]:
+            shown = [_summary_cell(cells[name].get("{}/{}".format(board, backend))) for board in boards]
+            peers = latency.get(name, {})
+            times = [_ms(peers.get("edgedyn-x86-64-auto")), _ms(peers.get("onnxruntime-direct")),
+                     _ms(peers.get("torch-eager"))] if timed else []
+            lines.append("| " + " | ".join([name] + shown + times) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables) + "\n"
+
+
+def _summary_cell(cell: Optional[Dict[str, Any]]) -> str:
+    if cell is None:
+        return "not run"
+    if cell["export"] != "ok":
+        return "export error: " + _cell_text(cell["error"], 100)
+    if "verified" not in cell:
+        return "exported ({}), not verified: the run stopped first".format(", ".join(cell.get("artifacts", [])))
+    ran = str(cell.get("ran", "")).split(": ", 1)[-1].split(" on ")[0] or ", ".join(cell.get("artifacts", []))
+    return "{} {}".format(ran, _verified_text(cell).replace(" on qemu", ""))
+
+
 def _cell_text(text: str, limit: int = 160) -> str:
     import re
 
@@ -497,6 +539,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, help="folder for cached exports and verifications "
                                                    "(default: edgedyn's cache folder, zoo-matrix)")
     parser.add_argument("--no-timing", dest="timing", action="store_false", help="exports and verification only")
+    parser.add_argument("--summarize", type=Path, nargs="+", help="print one row per model from these reports' JSON")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -513,6 +556,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker.read_text()))))
+        return
+    if args.summarize:
+        print(summary([json.loads(path.read_text()) for path in args.summarize]))
         return
     import warnings
 
