@@ -29,6 +29,17 @@ def _numpy(values: Dict[str, Any]) -> Dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("name", PARAMS)
 def test_zoo_model_matches_torch_eager_on_fresh_inputs(name: str, tmp_path: Path) -> None:
+    check_against_eager(name, "onnxruntime", tmp_path)
+
+
+@pytest.mark.zoo_full
+@pytest.mark.parametrize("name", sorted(KNOWN))
+def test_known_onnxruntime_failures_match_torch_eager_on_the_portable_backend(name: str, tmp_path: Path) -> None:
+    """Every zoo model is still compared with torch eager: these through the numpy executor."""
+    check_against_eager(name, "portable", tmp_path)
+
+
+def check_against_eager(name: str, backend: str, tmp_path: Path) -> None:
     import torch
 
     import edgedyn
@@ -36,7 +47,7 @@ def test_zoo_model_matches_torch_eager_on_fresh_inputs(name: str, tmp_path: Path
 
     record = zoo.get(name)
     model = zoo.build(name)
-    path = edgedyn.export(model, zoo.example_inputs(name, seed=0), board="x86-64", backend="onnxruntime",
+    path = edgedyn.export(model, zoo.example_inputs(name, seed=0), board="x86-64", backend=backend,
                           output=tmp_path / "{}.edgedyn".format(name))
     program = rt.load(path)
     spec = program.specializations[0]
