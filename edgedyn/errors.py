@@ -5,6 +5,8 @@
 The runtime defines its own errors (edgedyn/runtime/errors.py) so the device side imports nothing from here;
 they share this base through `edgedyn.runtime.errors.RuntimeUserError`, re-exported as EdgedynError.
 """
+from typing import Dict, Optional
+
 from edgedyn.runtime.errors import EdgedynError, MissingDependencyError
 
 __all__ = ["EdgedynError", "MissingDependencyError", "CaptureError", "BackendError", "GpuBuildError", "BoardError"]
@@ -20,7 +22,13 @@ class BackendError(EdgedynError):
 
 class GpuBuildError(BackendError):
     """GPU code could not be built for this graph (a scheduling rule, the CUDA compiler): the CPU artifact can
-    still ship, so under --device auto the exporter turns this into a warning."""
+    still ship, so under --device auto the exporter turns this into a warning. `functions` names the kernels
+    that got no GPU code, each with every scheduling rule's reason, when the failure is per function."""
+
+    def __init__(self, message: str, hint: Optional[str] = None,
+                 functions: Optional[Dict[str, Dict[str, str]]] = None) -> None:
+        super().__init__(message, hint)
+        self.functions = dict(functions or {})
 
 
 class BoardError(EdgedynError):

@@ -4,7 +4,7 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -60,15 +60,20 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     for index, spec in enumerate(captured.specializations):
         step("optimizing {} ({})".format(spec.name, pipeline))
         optimized = run_pipeline(spec.program, pipeline)
-        artifacts = []
+        artifacts, no_gpu_code = [], None
         if gpu_target is not None:
             gpu = _gpu_artifact(optimized, target_board, gpu_target, spec, precision, device, backend, step)
-            artifacts += [gpu] if gpu is not None else []
+            if isinstance(gpu, dict):
+                no_gpu_code = gpu
+            else:
+                artifacts.append(gpu)
         if device != "gpu" and quantizing is not None:
             artifacts.append(_quantized_artifact(quantizing, backend, optimized, target_board, target, spec, step))
         elif device != "gpu":
             artifacts.append(choose(backend, optimized, target_board, target, spec, progress=step))
         records.append(_specialization_record(writer, index, spec, optimized, artifacts))
+        if no_gpu_code is not None:
+            records[-1]["no_gpu_code"] = no_gpu_code
     path = Path(output) if output else Path("{}-{}{}".format(captured.name, target_board.name, SUFFIX))
     step("writing {}".format(path))
     fit = _check_fit(target_board, records, writer)
@@ -144,30 +149,38 @@ def gpu_or_cpu_only(build: Callable[[], Artifact], device: str) -> Optional[Arti
     """The GPU artifact `build()` makes, or None (with a GpuFallbackWarning saying why) when GPU code cannot be
     built and `device` is "auto": a GPU problem must never cost the user the CPU bundle, which the runtime would
     fall back to anyway. `--device gpu` asked for GPU code, so there the error stands."""
+    return gpu_or_why_not(build, device)[0]
+
+
+def gpu_or_why_not(build: Callable[[], Artifact], device: str) -> Tuple[Optional[Artifact], Optional[Dict[str, Any]]]:
+    """gpu_or_cpu_only, plus the manifest's `no_gpu_code` record when there is no GPU artifact: the reason, and
+    each function without GPU code with every scheduling rule's reason when the backend named them."""
     import warnings
 
     try:
-        return build()
+        return build(), None
     except EdgedynError as error:
         if device == "gpu":
             raise
         warnings.warn("no GPU code in this bundle, it runs on the CPU: {}{}".format(
             error.message.strip(), " ({})".format(error.hint) if error.hint else ""), GpuFallbackWarning,
-            stacklevel=3)
-        return None
+            stacklevel=4)
+        return None, {"reason": error.message.strip(), "hint": error.hint,
+                      "functions": dict(getattr(error, "functions", None) or {})}
 
 
 def _gpu_artifact(program: Any, board: Board, target: Target, spec: Specialization, precision: str, device: str,
-                  backend: str, step: Progress) -> Optional[Artifact]:
-    """GPU code for the board, from the backend of its GPU preference; see gpu_or_cpu_only for failures."""
+                  backend: str, step: Progress) -> Union[Artifact, Dict[str, Any]]:
+    """GPU code for the board, from the backend of its GPU preference, or the record of why there is none."""
     name = _gpu_backend(board, backend)
     step("building {} with {} for {} ({})".format(spec.name, name, target.name, precision))
     build = Build(program=program, board=board, target=target, tensor_inputs=list(spec.tensor_inputs),
                   precision=precision, reference=pack_arrays(_reference_arrays(spec)))
-    artifact = gpu_or_cpu_only(lambda: BACKENDS[name].build(build), device)
+    artifact, why_not = gpu_or_why_not(lambda: BACKENDS[name].build(build), device)
     if artifact is None:
         step("{}: no GPU code for {} ({}); the bundle carries the CPU artifact only".format(
             spec.name, board.name, target.name))
+        return dict(why_not, backend=name, target=target.name, arch=target.tvm.get("arch"))
     return artifact
 
 

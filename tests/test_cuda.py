@@ -1,4 +1,5 @@
 """GPU artifacts for the Jetsons, built without a GPU: real device code for each arch, or a loud failure."""
+import json
 import subprocess
 import sys
 
@@ -68,7 +69,7 @@ def test_a_function_no_rule_schedules_is_named_with_every_rules_failure(monkeypa
     module, _ = relax.frontend.detach_params(from_exported_program(
         run_pipeline(spec.program), keep_params_as_input=True, unwrap_unit_return_tuple=True))
     monkeypatch.setattr(gpu_worker, "RULES", ("Matmul",))  # as if no later rule could schedule the pad function
-    schedules = {"rules": {}, "rule_failures": {}, "unscheduled": {}}
+    schedules = gpu_worker.new_schedules()
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_87"})
     with pytest.raises(Exception, match=r"fused_conv2d_add_tir_clip_pad \(Matmul: AssertionError: There are some "
                                         r"consumers of the cache-write stage that are not properly inlined"):
@@ -76,6 +77,49 @@ def test_a_function_no_rule_schedules_is_named_with_every_rules_failure(monkeypa
     assert list(schedules["unscheduled"]) == ["fused_conv2d_add_tir_clip_pad"]
     reason = gpu_worker._unscheduled_reason({"f{}".format(i): {"Fallback": "ValueError: x"} for i in range(5)})
     assert reason.endswith("f2 (Fallback: ValueError: x); and 2 more")
+
+
+@pytest.mark.requires("transformers")
+def test_a_zoo_export_without_gpu_code_names_each_function_and_why(monkeypatch, tmp_path, run_cli):
+    """On a real graph: only dlight's Matmul rule, which asserts on MobileNetV2's padded convolutions."""
+    import edgedyn
+    import edgedyn.runtime as rt
+    from edgedyn import zoo
+    from edgedyn.backends.gpu_worker import RULES_VARIABLE
+
+    monkeypatch.setenv(RULES_VARIABLE, "Matmul")  # the GPU build runs in a child process: it reads the variable
+    with pytest.warns(GpuFallbackWarning, match=r"runs on the CPU: .* no dlight GPU schedule works for: .*"
+                                                r"_pad\d* \(Matmul: AssertionError"):
+        path = edgedyn.export(zoo.build("mobilenet_v2"), zoo.example_inputs("mobilenet_v2"),
+                              board="jetson-orin-nano", output=tmp_path / "mobilenet.edgedyn")
+    (spec,) = rt.read_manifest(path)["specializations"]
+    assert [(a["backend"], a["device"]) for a in spec["artifacts"]] == [("onnxruntime", "cpu")]
+    missing = spec["no_gpu_code"]
+    assert (missing["backend"], missing["arch"]) == ("tvm", "sm_87") and "sm_87 failed" in missing["reason"]
+    failed = sorted(name for name, why in missing["functions"].items() if "Matmul" in why)
+    assert failed and all("_pad" in name and "not properly inlined" in missing["functions"][name]["Matmul"]
+                          for name in failed)
+    # the rest are elementwise kernels Matmul does not apply to, each named too
+    assert {"dlight": "no GPU rule applies"} in missing["functions"].values()
+    shown = run_cli("inspect", str(path))
+    assert shown.returncode == 0, shown.stderr
+    assert "no gpu   cuda-sm87 (sm_87): tvm builds no GPU code for {} functions:".format(
+        len(missing["functions"])) in shown.stdout
+    assert "    {}: Matmul: AssertionError: There are some consumers".format(failed[0]) in shown.stdout
+    listed = json.loads(run_cli("inspect", "--json", str(path)).stdout)["specializations"][0]["no_gpu_code"]
+    assert listed["functions"] == missing["functions"]
+
+
+def test_the_rules_variable_picks_dlight_rules_in_their_order(monkeypatch):
+    from edgedyn.backends import gpu_worker
+
+    monkeypatch.delenv(gpu_worker.RULES_VARIABLE, raising=False)
+    assert gpu_worker.rules() == gpu_worker.RULES
+    monkeypatch.setenv(gpu_worker.RULES_VARIABLE, "Fallback, GEMV")
+    assert gpu_worker.rules() == ("GEMV", "Fallback")
+    monkeypatch.setenv(gpu_worker.RULES_VARIABLE, "Matmull")
+    with pytest.raises(ValueError, match="unknown dlight rule Matmull; choose from: Matmul, GEMV"):
+        gpu_worker.rules()
 
 
 def test_under_device_auto_a_gpu_build_failure_ships_the_cpu_artifact_with_the_reason():

@@ -6,11 +6,19 @@ import numpy as np
 import pytest
 
 from edgedyn import zoo
+from edgedyn.errors import BackendError
 
 pytestmark = pytest.mark.requires("transformers")
 
+# Known limits, each a strict xfail that turns red once it is fixed. Swin: the onnxruntime backend hands torch's
+# ONNX exporter the high-level graph (its own pipeline), and the exporter's decomposition then views a
+# non-contiguous tensor (`Cannot view a tensor with shape [4, 16, 2, 16] ... as (4, 16, 32)` in the windowed
+# attention's reshape); the core-ATen graph of the other backends exports and verifies (benchmarks/README.md).
+KNOWN = {"swin": pytest.mark.xfail(strict=True, raises=BackendError, reason="torch's ONNX exporter fails on Swin's high-level graph "
+                                                       "(ConversionError: Cannot view a tensor ...)")}
 # One model per family the default run must keep (cnn, encoder, detector); the others are `zoo_full`.
-PARAMS = [pytest.param(name, marks=() if zoo.get(name).fast else pytest.mark.zoo_full, id=name)
+PARAMS = [pytest.param(name, marks=(() if zoo.get(name).fast else (pytest.mark.zoo_full,))
+                       + ((KNOWN[name],) if name in KNOWN else ()), id=name)
           for name in zoo.names()]
 FRESH_SEED = 1234  # not the seed the capture drew its example inputs with
 
@@ -21,6 +29,17 @@ def _numpy(values: Dict[str, Any]) -> Dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("name", PARAMS)
 def test_zoo_model_matches_torch_eager_on_fresh_inputs(name: str, tmp_path: Path) -> None:
+    check_against_eager(name, "onnxruntime", tmp_path)
+
+
+@pytest.mark.zoo_full
+@pytest.mark.parametrize("name", sorted(KNOWN))
+def test_known_onnxruntime_failures_match_torch_eager_on_the_portable_backend(name: str, tmp_path: Path) -> None:
+    """Every zoo model is still compared with torch eager: these through the numpy executor."""
+    check_against_eager(name, "portable", tmp_path)
+
+
+def check_against_eager(name: str, backend: str, tmp_path: Path) -> None:
     import torch
 
     import edgedyn
@@ -28,7 +47,7 @@ def test_zoo_model_matches_torch_eager_on_fresh_inputs(name: str, tmp_path: Path
 
     record = zoo.get(name)
     model = zoo.build(name)
-    path = edgedyn.export(model, zoo.example_inputs(name, seed=0), board="x86-64", backend="onnxruntime",
+    path = edgedyn.export(model, zoo.example_inputs(name, seed=0), board="x86-64", backend=backend,
                           output=tmp_path / "{}.edgedyn".format(name))
     program = rt.load(path)
     spec = program.specializations[0]

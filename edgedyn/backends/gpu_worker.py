@@ -25,10 +25,31 @@ from typing import Any, Dict, List, Tuple
 # dlight's GPU rules in TVM's default order (relax/backend/cuda/pipeline.py); Fallback schedules any function
 # that fits the GPU's thread limits, so it comes last.
 RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
+# Tries only these rules (comma-separated, in RULES' order): to see what a rule does alone, and for tests that
+# need a rule to fail on a real graph.
+RULES_VARIABLE = "EDGEDYN_DLIGHT_RULES"
+
+
+def rules() -> Tuple[str, ...]:
+    """RULES, or the subset RULES_VARIABLE names; an unknown name is an error that lists the valid ones."""
+    given = os.environ.get(RULES_VARIABLE, "").strip()
+    if not given:
+        return RULES
+    chosen = tuple(name.strip() for name in given.split(",") if name.strip())
+    unknown = [name for name in chosen if name not in RULES]
+    if unknown:
+        raise ValueError("{}: unknown dlight rule {}; choose from: {}".format(
+            RULES_VARIABLE, ", ".join(unknown), ", ".join(RULES)))
+    return tuple(name for name in RULES if name in chosen)
 
 
 class ScheduleFailure(Exception):
-    """Some function could not be scheduled by any rule: the GPU build cannot produce device code for it."""
+    """Some function could not be scheduled by any rule: the GPU build cannot produce device code for it.
+    `functions` maps each such TIR function to {rule: why it failed}, for the manifest."""
+
+    def __init__(self, functions: Dict[str, Dict[str, str]]) -> None:
+        super().__init__(_unscheduled_reason(functions))
+        self.functions = functions
 
 _STUB_SOURCE = """/* edgedyn build stub for libcuda.so.1: no GPU here, every driver call reports CUDA_ERROR_NO_DEVICE. */
 static const char no_device[] = "CUDA_ERROR_NO_DEVICE (edgedyn build stub: no GPU on this machine)";
@@ -126,16 +147,16 @@ def build(request: Dict[str, Any]) -> Dict[str, Any]:
     if request["precision"] == "fp16":
         module = relax.transform.ToMixedPrecision(out_dtype="float32")(module)
     target = tvm.target.Target(request["target"]["tvm"], host=tvm.target.Target(request["target"]["tvm_host"]))
-    schedules = {"rules": {}, "rule_failures": {}, "unscheduled": {}}  # type: Dict[str, Dict[str, Any]]
+    schedules = new_schedules()
     with target:
         try:
             executable = tvm.compile(module, target, relax_pipeline=_cuda_pipeline(tvm, relax, target, schedules))
         except Exception as error:
             # TVM's FFI re-raises what a pass raised as a plain RuntimeError: the record says whether it was ours
-            if schedules["unscheduled"]:
-                raise ScheduleFailure(_unscheduled_reason(schedules["unscheduled"])) from error
+            if schedules["unscheduled"] or schedules["no_rule"]:
+                raise ScheduleFailure(_without_gpu_code(schedules, error)) from error
             raise
-    del schedules["unscheduled"]
+    del schedules["unscheduled"], schedules["no_rule"]
     library = out / "model.so"
     if request.get("cross_compiler"):
         from tvm.support import cc
@@ -151,6 +172,12 @@ def build(request: Dict[str, Any]) -> Dict[str, Any]:
     if request["precision"] == "fp16" and request.get("reference"):
         result["accuracy"] = _fp16_accuracy_on_cpu(module, request, np)
     return result
+
+
+def new_schedules() -> Dict[str, Dict[str, Any]]:
+    """The record `_first_working_rule` fills: each function's rule, the rules that failed before it, and the
+    functions left without GPU code (every rule failed / no rule applies), which stop the build."""
+    return {"rules": {}, "rule_failures": {}, "unscheduled": {}, "no_rule": {}}
 
 
 def _cuda_pipeline(tvm: Any, relax: Any, target: Any, schedules: Dict[str, Dict[str, Any]]) -> Any:
@@ -185,19 +212,31 @@ def _first_working_rule(tvm: Any, mod: Any, target: Any, schedules: Dict[str, Di
         if failures:
             schedules["rule_failures"][name] = failures
         if scheduled is None:
-            if failures:  # when no rule even applies, TVM's pass leaves the function as it is too
+            if failures:
                 unscheduled[name] = failures
+            else:  # when no rule even applies, TVM's pass leaves the function as it is too
+                schedules["no_rule"][name] = True
             continue
         schedules["rules"][name] = rule
         mod[g_var] = scheduled.with_attr("tirx.is_scheduled", True)
     if unscheduled:
-        raise ScheduleFailure(_unscheduled_reason(unscheduled))
+        raise ScheduleFailure(_without_gpu_code(schedules))
     return mod
 
 
+def _without_gpu_code(schedules: Dict[str, Dict[str, Any]], error: Any = None) -> Dict[str, Dict[str, str]]:
+    """Every function the build stopped without GPU code for: each rule's failure, or that no rule applies
+    (TVM leaves such a function unscheduled and then fails without naming it: `error` is that failure)."""
+    functions = {name: dict(failures) for name, failures in schedules["unscheduled"].items()}
+    then = "; then TVM failed with {}".format(_one_line(error)) if error is not None and not functions else ""
+    functions.update({name: {"dlight": "no GPU rule applies" + then} for name in schedules["no_rule"]})
+    return functions
+
+
 def _unscheduled_reason(unscheduled: Dict[str, Dict[str, str]], shown: int = 3) -> str:
-    """The first few functions no rule scheduled, each with every rule's failure; a count for the rest."""
-    names = sorted(unscheduled)
+    """The first few functions no rule scheduled, each with every rule's failure (those a rule failed on first,
+    then those no rule applies to); a count for the rest."""
+    names = sorted(unscheduled, key=lambda name: (list(unscheduled[name]) == ["dlight"], name))
     text = "; ".join("{} ({})".format(name, ", ".join("{}: {}".format(rule, why) for rule, why in sorted(
         unscheduled[name].items()))) for name in names[:shown])
     return text + ("; and {} more".format(len(names) - shown) if len(names) > shown else "")
@@ -209,7 +248,7 @@ def _schedule_function(func: Any, target: Any) -> Tuple[str, Any, Dict[str, str]
     from tvm.s_tir import dlight
 
     failures = {}  # type: Dict[str, str]
-    for rule in RULES:
+    for rule in rules():
         try:
             space = getattr(dlight.gpu, rule)().apply(func, target, False)
         except Exception as error:  # noqa: BLE001 (a rule's internal assertion must not end the build)
@@ -270,7 +309,7 @@ def main() -> None:
     except ScheduleFailure as error:
         # A known cause, in words, for the parent's message (anything else: the parent shows stderr's tail).
         _write_json(request["out"], "failure.json",
-                    {"reason": "no dlight GPU schedule works for: {}".format(error)})
+                    {"reason": "no dlight GPU schedule works for: {}".format(error), "functions": error.functions})
         sys.exit(1)
     _write_json(request["out"], "result.json", result)
 

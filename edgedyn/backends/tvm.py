@@ -189,10 +189,10 @@ def _build_failure(arch: str, work: Path, stderr: str) -> GpuBuildError:
     """The worker's own reason when it knows one (failure.json), else the end of its stderr: never a guess."""
     failure = work / "failure.json"
     if failure.is_file():
-        reason = json.loads(failure.read_text())["reason"]
-        return GpuBuildError("the TVM CUDA build for {} failed: {}".format(arch, reason),
+        failed = json.loads(failure.read_text())
+        return GpuBuildError("the TVM CUDA build for {} failed: {}".format(arch, failed["reason"]),
                              hint="export with --device cpu for a CPU-only bundle, or --backend onnxruntime for its "
-                                  "CUDA/TensorRT providers on the board")
+                                  "CUDA/TensorRT providers on the board", functions=failed.get("functions"))
     return GpuBuildError("the TVM CUDA build for {} failed:\n{}".format(arch, _tail(stderr)),
                          hint="export with --device cpu for a CPU-only bundle; EDGEDYN_DEBUG=1 shows more")
 

@@ -71,6 +71,8 @@ def inspect_command(
                     out.print("  why      {}".format(artifact["selection"]["why"]))
             if "quantization" in artifact:
                 _quantization(artifact["quantization"])
+        if "no_gpu_code" in spec:
+            _no_gpu_code(spec["no_gpu_code"])
         chosen = here[spec["name"]]
         out.print("  here     {}{}".format(
             "would run " + chosen["would_run"] if chosen["would_run"] else "nothing can run on this machine",
@@ -82,11 +84,35 @@ def _gpu(artifact: Dict[str, Any]) -> None:
     out.print("  gpu      {}: {} (PTX ISA {}, {} kernels, NVRTC {}), needs a CUDA {}+ driver and {}".format(
         gpu["arch"], gpu["code_format"].upper(), gpu["ptx_isa"], gpu["kernels"], gpu.get("nvrtc", "?"),
         gpu["min_cuda_driver"], gpu["runtime"]))
+    rules = (gpu.get("schedules") or {}).get("rules") or {}
+    if rules:
+        counts = {}  # type: Dict[str, int]
+        for rule in rules.values():
+            counts[rule] = counts.get(rule, 0) + 1
+        failed = len((gpu.get("schedules") or {}).get("rule_failures") or {})
+        out.print("  kernels  {} functions scheduled by dlight: {}{}".format(
+            len(rules), ", ".join("{} {}".format(r, n) for r, n in sorted(counts.items())),
+            "; {} took a later rule after an earlier one failed".format(failed) if failed else ""))
     accuracy = artifact.get("accuracy")
     if accuracy:
         worst = max(accuracy["outputs"], key=lambda o: o["max_rel_error"])
         out.print("  {}     max relative error {:.2e}, cosine {:.6f} ({})".format(
             artifact.get("precision", "fp32"), worst["max_rel_error"], worst["cosine"], accuracy["measured_on"]))
+
+
+def _no_gpu_code(record: Dict[str, Any], shown: int = 10) -> None:
+    """Why the bundle has no GPU artifact: the reason, then each function without GPU code and every rule's why."""
+    functions = record.get("functions") or {}
+    reason = " ".join(record["reason"].split())  # a reason from TVM's stderr spans lines
+    if functions:  # the reason names only the first few; all of them follow
+        reason = "{} builds no GPU code for {} functions:".format(record.get("backend"), len(functions))
+    out.print("  no gpu   {} ({}): {}".format(record.get("target"), record.get("arch"),
+                                             reason if len(reason) <= 600 else reason[:597] + "..."))
+    for name in sorted(functions)[:shown]:
+        out.print("    {}: {}".format(name, "; ".join("{}: {}".format(rule, why)
+                                                     for rule, why in sorted(functions[name].items()))))
+    if len(functions) > shown:
+        out.print("    and {} more functions (inspect --json lists all)".format(len(functions) - shown))
 
 
 def _selection(selection: Dict[str, Any]) -> str:
