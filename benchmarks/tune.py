@@ -2,6 +2,7 @@
 
     python benchmarks/tune.py --models mobilenet_v2,distilbert --trials 256
     python benchmarks/tune.py --models vit --trials 32 --database DIR     # reuse (and extend) a database
+    python benchmarks/tune.py --models examples/mobilenet_v2.py:MobileNetV2 --trials 132
 
 Per model: tunes it for x86-64 into a database (a fresh one unless --database), then exports it with the TVM
 backend twice, with no records (untuned) and with the database (tuned; the manifest says how many kernels took a
@@ -30,9 +31,42 @@ BOARD = "x86-64"
 UNTUNED, TUNED, DIRECT = "edgedyn-tvm-untuned", "edgedyn-tvm-tuned", "onnxruntime-direct"
 
 
+def model_and_inputs(name: str, seed: int) -> Any:
+    """(model, {input name: tensor}) for a zoo name or a model reference as `edgedyn export` takes it
+    (`examples/mobilenet_v2.py:MobileNetV2`, whose example_inputs() are drawn under `seed`)."""
+    if ":" not in name:
+        from edgedyn import zoo
+
+        return zoo.build(name), zoo.example_inputs(name, seed=seed)
+    import inspect
+
+    import torch
+
+    from edgedyn.frontend.loading import load_reference
+
+    torch.manual_seed(0)  # the same weights in every process that builds the model
+    model, examples, _ = load_reference(name)
+    torch.manual_seed(seed)
+    values = examples() if examples is not None else ()
+    return model, dict(zip(inspect.signature(model.forward).parameters, values))
+
+
+def onnx_file(name: str, path: Path) -> Optional[str]:
+    """torch.onnx.export of the eager model, or the error: zoo.py's for zoo names, the same call for references."""
+    if ":" not in name:
+        return onnx_direct(name, path)
+    import torch
+
+    model, inputs = model_and_inputs(name, seed=0)
+    try:
+        torch.onnx.export(model, (), str(path), kwargs=inputs, dynamo=True, external_data=False)
+    except Exception as error:
+        return first_line("{}: {}".format(type(error).__name__, error))
+    return None
+
+
 def tune(name: str, trials: int, per_task: Optional[int], root: Path, log: Any) -> Dict[str, Any]:
-    """`edgedyn tune` of the zoo model into `root`; the database's record and the wall time."""
-    from edgedyn import zoo
+    """`edgedyn tune` of the model into `root`; the database's record and the wall time."""
     from edgedyn.boards import load_board
     from edgedyn.fleet.tuning import tune_model
 
@@ -42,8 +76,9 @@ def tune(name: str, trials: int, per_task: Optional[int], root: Path, log: Any) 
 
     started = time.perf_counter()
     try:
-        record = tune_model(zoo.build(name), load_board(BOARD), None, trials, per_task, root=root,
-                            on_progress=progress, example_inputs=zoo.example_inputs(name, seed=0))
+        model, inputs = model_and_inputs(name, seed=0)
+        record = tune_model(model, load_board(BOARD), None, trials, per_task, root=root, on_progress=progress,
+                            example_inputs=inputs)
     except Exception as error:  # the report keeps torch's or TVM's own words
         return {"error": first_line(getattr(error, "message", None) or "{}: {}".format(type(error).__name__, error)),
                 "tune_s": round(time.perf_counter() - started, 1)}
@@ -51,16 +86,16 @@ def tune(name: str, trials: int, per_task: Optional[int], root: Path, log: Any) 
 
 
 def export_tvm(name: str, tuning_root: Path, path: Path) -> Dict[str, Any]:
-    """The zoo model exported with the TVM backend, building with the records under `tuning_root` (if any)."""
+    """The model exported with the TVM backend, building with the records under `tuning_root` (if any)."""
     import edgedyn
     import edgedyn.runtime as rt
-    from edgedyn import zoo
 
     before = os.environ.get("EDGEDYN_TUNING_DIR")
     os.environ["EDGEDYN_TUNING_DIR"] = str(tuning_root)  # where the TVM backend looks for records
     started = time.perf_counter()
     try:
-        edgedyn.export(zoo.build(name), zoo.example_inputs(name, seed=0), board=BOARD, backend="tvm", output=path)
+        model, inputs = model_and_inputs(name, seed=0)
+        edgedyn.export(model, inputs, board=BOARD, backend="tvm", output=path)
     except Exception as error:  # whole: a verification mismatch's numbers come after its first line
         return {"error": getattr(error, "message", None) or "{}: {}".format(type(error).__name__, error)}
     finally:
@@ -76,26 +111,31 @@ def export_tvm(name: str, tuning_root: Path, path: Path) -> Dict[str, Any]:
 def run_model(name: str, args: argparse.Namespace, workdir: Path, log: Any) -> Dict[str, Any]:
     import numpy as np
 
-    from edgedyn.zoo import example_inputs
+    root = args.database or workdir / "tuning-{}".format(name.replace("/", "_").replace(":", "_"))
+    if args.no_tune:  # time what --database already holds
+        from edgedyn.backends import tuning_records
 
-    root = args.database or workdir / "tuning-{}".format(name)
-    log("{}: tuning, {} trials".format(name, args.trials))
-    result = {"tune": tune(name, args.trials, args.per_task, root, log)}  # type: Dict[str, Any]
+        record = tuning_records.describe(tuning_records.database_dir("x86-64-v2", root)) or {"error": "no records"}
+        result = {"tune": dict(record, tune_s=0.0, reused=True)}  # type: Dict[str, Any]
+    else:
+        log("{}: tuning, {} trials".format(name, args.trials))
+        result = {"tune": tune(name, args.trials, args.per_task, root, log)}
     if "error" in result["tune"]:
         log("{}: tuning failed: {}".format(name, result["tune"]["error"]))
-    inputs = workdir / "{}-inputs.npz".format(name)
-    np.savez(inputs, **{k: v.numpy() for k, v in example_inputs(name, seed=FRESH_SEED).items()})
+    label = name.replace("/", "_").replace(":", "_")
+    inputs = workdir / "{}-inputs.npz".format(label)
+    np.savez(inputs, **{k: v.numpy() for k, v in model_and_inputs(name, seed=FRESH_SEED)[1].items()})
     base = {"model": name, "inputs": str(inputs), "threads": args.threads, "warmup": 3,
             "iterations": args.iterations}
     timing = {}  # type: Dict[str, Dict[str, Any]]
     for variant, records in ((UNTUNED, workdir / "no-records"), (TUNED, root)):
         log("{}: exporting {}".format(name, variant))
-        result[variant] = export_tvm(name, records, workdir / "{}-{}.edgedyn".format(name, variant))
+        result[variant] = export_tvm(name, records, workdir / "{}-{}.edgedyn".format(label, variant))
         if "bundle" in result[variant]:
             timing[variant] = dict(base, variant=variant, bundle=result[variant]["bundle"])
-    error = onnx_direct(name, workdir / "{}.onnx".format(name))
+    error = onnx_file(name, workdir / "{}.onnx".format(label))
     if error is None:
-        timing[DIRECT] = dict(base, variant=DIRECT, onnx=str(workdir / "{}.onnx".format(name)))
+        timing[DIRECT] = dict(base, variant=DIRECT, onnx=str(workdir / "{}.onnx".format(label)))
     log("{}: timing {} variants, {} rounds".format(name, len(timing), args.rounds))
     latency = time_variants(timing, args.rounds, workdir)
     if error is not None:
@@ -126,7 +166,8 @@ def markdown(report: Dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|"]
     for name, result in report["models"].items():
         tuned = result.get(TUNED, {})
-        tune_cell = result["tune"].get("error") or "{:.0f} s".format(result["tune"]["tune_s"])
+        tune_cell = result["tune"].get("error") or ("reused --database" if result["tune"].get("reused") else
+                                                    "{:.0f} s".format(result["tune"]["tune_s"]))
         lines.append("| {} | {} | {} | {} | {} | {} | {} |".format(
             name, report["trials"], tuned.get("tuned_functions", "-"), tune_cell.replace("|", "/"),
             _ms(result["latency"].get(UNTUNED) or result.get(UNTUNED)),
@@ -146,10 +187,11 @@ def _ms(entry: Optional[Dict[str, Any]]) -> str:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="mobilenet_v2,distilbert", help="comma-separated zoo names")
+    parser.add_argument("--models", default="mobilenet_v2,distilbert", help="comma-separated zoo names or model references (examples/mobilenet_v2.py:MobileNetV2)")
     parser.add_argument("--trials", type=int, default=256, help="edgedyn tune --trials, per model")
     parser.add_argument("--per-task", type=int, help="edgedyn tune --per-task")
     parser.add_argument("--database", type=Path, help="tuning root to use and extend (default: a fresh one)")
+    parser.add_argument("--no-tune", action="store_true", help="with --database: time its records, tune nothing")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=20)
@@ -164,7 +206,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     args = parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in zoo.names()]
+    unknown = [n for n in names if n not in zoo.names() and ":" not in n]
     if unknown:
         raise SystemExit("unknown model {}; choose from: {}".format(", ".join(unknown), ", ".join(zoo.names())))
     warnings.simplefilter("ignore")
