@@ -64,7 +64,7 @@ def lower(build: Build) -> Artifact:
     program, board, tensor_inputs, quantization = build.program, build.board, build.tensor_inputs, build.quantization
     onnx, onnxruntime = _import_onnx()
     output_names = ["output_{}".format(i) for i in range(len(program.graph_signature.user_outputs))]
-    model = _export(onnx, program, tensor_inputs, output_names)
+    model, lowered = _export_high_level_or_core(onnx, program, tensor_inputs, output_names)
     model, offline_level = _loadable(onnxruntime, _optimize_offline(onnx, onnxruntime, model), model)
     extra = {}  # type: Dict[str, Any]
     if quantization is not None:
@@ -86,8 +86,30 @@ def lower(build: Build) -> Artifact:
               "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": offline_level,
                               "session": board_session(board)},
               "tolerance": dict(FP32_TOLERANCE), "requires": {"python": ["onnxruntime>={}".format(MIN_ONNXRUNTIME)]},
-              **extra},
+              **lowered, **extra},
     )
+
+
+def _export_high_level_or_core(onnx: Any, program: Any, tensor_inputs: List[str],
+                               output_names: List[str]) -> Tuple[Any, Dict[str, Any]]:
+    """The ONNX model of the high-level graph (the one onnxruntime fuses best), or, when torch's exporter cannot
+    convert that, of the same program in core ATen, with the manifest's note of why.
+
+    Note: torch 2.13's exporter fails on some high-level graphs that it converts once decomposed (the zoo's Swin:
+    `Cannot view a tensor ... as (4, 16, 32)` in its windowed attention); the core-ATen graph is what every other
+    backend lowers, so it is a correct model, only with fewer onnxruntime fusions.
+    """
+    try:
+        return _export(onnx, program, tensor_inputs, output_names), {}
+    except BackendError as high_level_error:
+        from edgedyn.passes import run_pipeline
+
+        try:
+            model = _export(onnx, run_pipeline(program, "default"), tensor_inputs, output_names)
+        except BackendError:
+            raise high_level_error
+        return model, {"onnx_graph": {"lowered_from": "core ATen (the default pass pipeline)",
+                                      "why": high_level_error.message}}
 
 
 def _export(onnx: Any, program: Any, tensor_inputs: List[str], output_names: List[str]) -> Any:
