@@ -5,7 +5,7 @@ The steps are those of `relax.get_pipeline("static_shape_tuning")` (decompose, c
 tune, apply the database), with tune_relax's own two calls (extract_tasks, tune_tasks) so that the runner (local
 or MetaSchedule's RPCRunner), the builder, the round size and a progress callback can be given; the TVM backend applies the database at every later build for the target.
 MetaSchedule commits each measured batch to the JSON database as it goes, so an interrupted run keeps those trials.
-The search and MetaSchedule's build and run workers run without torch (tune_worker.py, without_torch/): TVM's
+The search and MetaSchedule's build and run workers run without torch (tune_worker.py, `without_torch`): TVM's
 schedule library calls `inspect.stack()` for each of its kernels at import, which scans every loaded module.
 """
 import json
@@ -26,7 +26,21 @@ from edgedyn.backends import tuning_records as database
 from edgedyn.fleet.tune_worker import PROGRESS_PREFIX
 from edgedyn.runtime.format import host_arch
 
-WITHOUT_TORCH = Path(__file__).parent / "without_torch"
+# Note: a `torch` that fails to import, written first on the PYTHONPATH of the search and of every MetaSchedule
+# build and run worker it starts. tvm_ffi imports torch when it can, and TVM's script parser calls
+# `inspect.stack()` for each kernel of its schedule library, which scans every loaded module: beside torch, each
+# worker took twice as long to start (benchmarks/README.md, TVM tuning). An ImportError leaves no entry in
+# sys.modules, so libraries that look for a loaded torch (scipy under xgboost) see none. It is written per run,
+# not shipped: a package named torch inside edgedyn would shadow the real one for anything that walks the tree.
+NO_TORCH = 'raise ImportError("edgedyn\'s tuning processes run without torch (edgedyn.fleet.tuning)")\n'
+
+
+def without_torch(workdir: Path) -> Path:
+    """A folder whose `torch` package raises ImportError, for the front of a worker's PYTHONPATH."""
+    package = workdir / "without_torch" / "torch"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text(NO_TORCH)
+    return package.parent
 
 
 @dataclass
@@ -103,7 +117,8 @@ def _tune_module(module: Any, target: Any, cores: int, folder: Path, trials: int
         env = dict(os.environ)
         env.pop("TVM_USE_RUNTIME_LIB", None)
         # First on the path of the search and of every worker it starts: `import torch` fails there.
-        env["PYTHONPATH"] = os.pathsep.join([str(WITHOUT_TORCH)] + [p for p in [env.get("PYTHONPATH")] if p])
+        blocker = without_torch(Path(workdir))
+        env["PYTHONPATH"] = os.pathsep.join([str(blocker)] + [p for p in [env.get("PYTHONPATH")] if p])
         progress.total += trials
         log = Path(workdir) / "worker.log"
         with log.open("w") as errors:
