@@ -79,6 +79,14 @@ def integer(low: int, high: Optional[int] = None, expected: Optional[str] = None
     return check
 
 
+def boolean() -> Check:
+    """true or false (TOML's booleans, not 0/1 or strings)."""
+    def check(where: str, name: str, value: Any) -> None:
+        if not isinstance(value, bool):
+            fail(where, name, "true or false", value)
+    return check
+
+
 def choice(choices: Tuple[str, ...]) -> Check:
     """One of `choices`."""
     def check(where: str, name: str, value: Any) -> None:

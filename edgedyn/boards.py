@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from edgedyn import _schema
-from edgedyn._schema import choice, fail, integer, key, names, plain, text
+from edgedyn._schema import boolean, choice, fail, integer, key, names, plain, text
 from edgedyn.registry import backend_names, gpu_backends as gpu_backend_names
 from edgedyn.errors import BoardError, MissingDependencyError
+from edgedyn.runtime.executors.onnxruntime import (DEFAULT_SESSION, EXECUTION_MODES, GRAPH_OPTIMIZATIONS,
+                                                  MAX_INTRA_OP_THREADS)
 from edgedyn.runtime.format import host_arch
 
 __all__ = [
@@ -137,22 +139,20 @@ class Gpu:
                 self.compute_capability.replace(".", ""), self.compute_capability), self.arch)
 
 
-def _boolean(where: str, name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        fail(where, name, "true or false", value)
-
-
 @dataclass(frozen=True)
 class OnnxruntimeSession:
     """How onnxruntime opens the board's session (the board file's [onnxruntime] table), recorded in the artifact;
-    defaults from benchmarks/README.md (onnxruntime session settings), measured on x86."""
+    the choices and defaults are the runtime's, which checks and applies them on the board (defaults measured on
+    x86: benchmarks/README.md, onnxruntime session settings)."""
 
-    graph_optimization: str = key("", "graph_optimization", choice(("all", "extended", "basic", "disabled")),
-                                  default="all")
+    graph_optimization: str = key("", "graph_optimization", choice(tuple(GRAPH_OPTIMIZATIONS)),
+                                  default=DEFAULT_SESSION["graph_optimization"])
     # 0: the runtime's thread setting, else onnxruntime's own default (one per physical core)
-    intra_op_threads: int = key("", "intra_op_threads", integer(0, 1024), default=0)
-    allow_spinning: bool = key("", "allow_spinning", _boolean, default=True)
-    execution_mode: str = key("", "execution_mode", choice(("sequential", "parallel")), default="sequential")
+    intra_op_threads: int = key("", "intra_op_threads", integer(0, MAX_INTRA_OP_THREADS),
+                                default=DEFAULT_SESSION["intra_op_threads"])
+    allow_spinning: bool = key("", "allow_spinning", boolean(), default=DEFAULT_SESSION["allow_spinning"])
+    execution_mode: str = key("", "execution_mode", choice(tuple(EXECUTION_MODES)),
+                              default=DEFAULT_SESSION["execution_mode"])
 
     def __post_init__(self) -> None:
         _schema.check_fields(self, "onnxruntime")

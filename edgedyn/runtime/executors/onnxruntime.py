@@ -34,12 +34,14 @@ def usable_providers(wanted: List[str], available: List[str]) -> List[str]:
 
 
 # The board's [onnxruntime] table as the backend records it in the artifact (edgedyn/boards.py validates the
-# board file; a bundle is checked again here, since a file controls it). Without a record: these values.
+# board file against these same choices; a bundle is checked again here, since a file controls it). Without a
+# record: these values.
 DEFAULT_SESSION = {"graph_optimization": "all", "intra_op_threads": 0, "allow_spinning": True,
                    "execution_mode": "sequential"}
-_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
-           "disabled": "ORT_DISABLE_ALL"}
-_MODES = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
+GRAPH_OPTIMIZATIONS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
+                       "disabled": "ORT_DISABLE_ALL"}
+EXECUTION_MODES = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
+MAX_INTRA_OP_THREADS = 1024
 
 
 def session_settings(artifact: Dict[str, Any]) -> Dict[str, Any]:
@@ -50,12 +52,13 @@ def session_settings(artifact: Dict[str, Any]) -> Dict[str, Any]:
             ", ".join(DEFAULT_SESSION), recorded))
     settings = dict(DEFAULT_SESSION, **recorded)
     threads = settings["intra_op_threads"]
-    valid_threads = type(threads) is int and 0 <= threads <= 1024
-    if (settings["graph_optimization"] not in _LEVELS or settings["execution_mode"] not in _MODES
+    valid_threads = type(threads) is int and 0 <= threads <= MAX_INTRA_OP_THREADS
+    if (settings["graph_optimization"] not in GRAPH_OPTIMIZATIONS or settings["execution_mode"] not in EXECUTION_MODES
             or not isinstance(settings["allow_spinning"], bool) or not valid_threads):
         raise BundleError("onnxruntime.session: invalid settings {!r}".format(settings),
                           hint="graph_optimization: {}; execution_mode: {}; allow_spinning: true/false; "
-                               "intra_op_threads: 0-1024".format(", ".join(_LEVELS), ", ".join(_MODES)))
+                               "intra_op_threads: 0-{}".format(", ".join(GRAPH_OPTIMIZATIONS),
+                                                               ", ".join(EXECUTION_MODES), MAX_INTRA_OP_THREADS))
     return settings
 
 
@@ -64,8 +67,8 @@ def _session_options(ort: Any, settings: Dict[str, Any], threads: Optional[int])
     options = ort.SessionOptions()
     # The file holds only the portable (basic) optimizations; the layout and fusion rewrites for this CPU and
     # these providers happen here, on the board ("all" unless the board file says otherwise).
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[settings["graph_optimization"]])
-    options.execution_mode = getattr(ort.ExecutionMode, _MODES[settings["execution_mode"]])
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATIONS[settings["graph_optimization"]])
+    options.execution_mode = getattr(ort.ExecutionMode, EXECUTION_MODES[settings["execution_mode"]])
     options.log_severity_level = 3
     count = threads or settings["intra_op_threads"]
     if count:
