@@ -62,11 +62,9 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
         optimized = run_pipeline(spec.program, pipeline)
         artifacts, no_gpu_code = [], None
         if gpu_target is not None:
-            gpu = _gpu_artifact(optimized, target_board, gpu_target, spec, precision, device, backend, step)
-            if isinstance(gpu, dict):
-                no_gpu_code = gpu
-            else:
-                artifacts.append(gpu)
+            gpu, no_gpu_code = _gpu_artifact(optimized, target_board, gpu_target, spec, precision, device, backend,
+                                             step)
+            artifacts += [gpu] if gpu is not None else []
         if device != "gpu" and quantizing is not None:
             artifacts.append(_quantized_artifact(quantizing, backend, optimized, target_board, target, spec, step))
         elif device != "gpu":
@@ -145,16 +143,12 @@ class GpuFallbackWarning(UserWarning):
     """An export for a GPU board ships only its CPU artifact, and the message says why."""
 
 
-def gpu_or_cpu_only(build: Callable[[], Artifact], device: str) -> Optional[Artifact]:
-    """The GPU artifact `build()` makes, or None (with a GpuFallbackWarning saying why) when GPU code cannot be
-    built and `device` is "auto": a GPU problem must never cost the user the CPU bundle, which the runtime would
-    fall back to anyway. `--device gpu` asked for GPU code, so there the error stands."""
-    return gpu_or_why_not(build, device)[0]
-
-
 def gpu_or_why_not(build: Callable[[], Artifact], device: str) -> Tuple[Optional[Artifact], Optional[Dict[str, Any]]]:
-    """gpu_or_cpu_only, plus the manifest's `no_gpu_code` record when there is no GPU artifact: the reason, and
-    each function without GPU code with every scheduling rule's reason when the backend named them."""
+    """(the GPU artifact `build()` makes, None), or, when GPU code cannot be built and `device` is "auto", (None,
+    the manifest's `no_gpu_code` record) with a GpuFallbackWarning saying why: a GPU problem must never cost the
+    user the CPU bundle, which the runtime would fall back to anyway. `--device gpu` asked for GPU code, so there
+    the error stands. The record holds the reason and, when the backend named them, each function without GPU
+    code with every scheduling rule's reason."""
     import warnings
 
     try:
@@ -170,7 +164,7 @@ def gpu_or_why_not(build: Callable[[], Artifact], device: str) -> Tuple[Optional
 
 
 def _gpu_artifact(program: Any, board: Board, target: Target, spec: Specialization, precision: str, device: str,
-                  backend: str, step: Progress) -> Union[Artifact, Dict[str, Any]]:
+                  backend: str, step: Progress) -> Tuple[Optional[Artifact], Optional[Dict[str, Any]]]:
     """GPU code for the board, from the backend of its GPU preference, or the record of why there is none."""
     name = _gpu_backend(board, backend)
     step("building {} with {} for {} ({})".format(spec.name, name, target.name, precision))
@@ -180,8 +174,8 @@ def _gpu_artifact(program: Any, board: Board, target: Target, spec: Specializati
     if artifact is None:
         step("{}: no GPU code for {} ({}); the bundle carries the CPU artifact only".format(
             spec.name, board.name, target.name))
-        return dict(why_not, backend=name, target=target.name, arch=target.tvm.get("arch"))
-    return artifact
+        return None, dict(why_not, backend=name, target=target.name, arch=target.tvm.get("arch"))
+    return artifact, None
 
 
 def _reference_arrays(spec: Specialization) -> Dict[str, np.ndarray]:

@@ -12,7 +12,7 @@ from edgedyn.backends import nvrtc
 from edgedyn.backends.artifact import Build
 from edgedyn.backends.tvm import check_device_code, lower
 from edgedyn.errors import GpuBuildError
-from edgedyn.exporter import GpuFallbackWarning, gpu_or_cpu_only
+from edgedyn.exporter import GpuFallbackWarning, gpu_or_why_not
 from edgedyn.boards import load_board
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.frontend import capture
@@ -127,12 +127,12 @@ def test_under_device_auto_a_gpu_build_failure_ships_the_cpu_artifact_with_the_r
         raise GpuBuildError("the TVM CUDA build for sm_87 failed: no dlight GPU schedule works for: f (...)")
 
     with pytest.warns(GpuFallbackWarning, match="runs on the CPU: the TVM CUDA build for sm_87 failed: no dlight"):
-        assert gpu_or_cpu_only(failing_build, "auto") is None
+        assert gpu_or_why_not(failing_build, "auto")[0] is None
     with pytest.raises(GpuBuildError, match="no dlight GPU schedule"):
-        gpu_or_cpu_only(failing_build, "gpu")
+        gpu_or_why_not(failing_build, "gpu")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert gpu_or_cpu_only(lambda: "artifact", "auto") == "artifact"
+        assert gpu_or_why_not(lambda: "artifact", "auto") == ("artifact", None)
 
 
 def test_an_export_whose_gpu_build_fails_ships_the_cpu_artifact_and_says_why(monkeypatch, tmp_path):
