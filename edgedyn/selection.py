@@ -67,7 +67,9 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
     """
     step = progress or (lambda message: None)
     check_backend_name(backend)
-    build = _builder(program, board, target, spec, quantization)
+    # Each pipeline's graph, run once and shared by the int8 and the fp32 builder.
+    programs = {"default": program}  # type: Dict[str, Any]
+    build = _builder(programs, board, target, spec, quantization)
     if backend != AUTO:
         step("building {} with {} for {}".format(spec.name, backend, target.name))
         return _with_selection(build(backend), {"mode": "user", "requested": backend})
@@ -76,23 +78,23 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
         if quantization is None:
             return chosen
         try:
-            fp32 = _measured(_builder(program, board, target, spec, None), board, spec, step, timing, None)
+            fp32 = _measured(_builder(programs, board, target, spec, None), board, spec, step, timing, None)
         except BackendError:
             return chosen  # no fp32 candidate built: nothing to compare int8 with
         return _int8_or_fp32(chosen, fp32, step)
     return _by_preference(build, board, target, spec, step, quantization)
 
 
-def _builder(program: Any, board: Board, target: Target, spec: Specialization,
+def _builder(programs: Dict[str, Any], board: Board, target: Target, spec: Specialization,
              quantization: Optional[Any]) -> Callable[[str], Artifact]:
-    """Builds a backend from the graph of the pipeline its record names: `program` (the default pipeline's) or
-    the captured program through that backend's own pipeline (run once, kept for the other candidates)."""
-    programs = {"default": program}  # type: Dict[str, Any]
-
+    """Builds a backend from the graph of the pipeline its record names: `programs["default"]` (the default
+    pipeline's) or the captured program through that backend's own pipeline (run once into `programs`, kept for
+    the other candidates and for the fp32 builder beside the int8 one)."""
     def build(name: str) -> Artifact:
         pipeline = BACKENDS[name].pipeline
         if pipeline not in programs:
             programs[pipeline] = run_pipeline(spec.program, pipeline)
+
         def lower(tuning: bool) -> Artifact:
             return BACKENDS[name].build(Build(program=programs[pipeline], board=board, target=target,
                                               tensor_inputs=list(spec.tensor_inputs), quantization=quantization,
