@@ -95,7 +95,12 @@ class OnnxRuntimeExecutor:
         self._threads = threads
         self._version = getattr(ort, "__version__", "unknown")
         self.artifact = artifact
-        self._run = self._native_run() or (lambda feed: self._session.run(self._outputs, feed))
+        self._run = self._runner(self._session)
+
+    def _runner(self, session: Any) -> Callable[[Dict[str, np.ndarray]], List[np.ndarray]]:
+        """How this executor calls `session`: natively when it can (see _native_run), else the public run."""
+        outputs = self._outputs
+        return self._native_run(session) or (lambda feed: session.run(outputs, feed))
 
     def _native_run(self, session: Any = None) -> Optional[Callable[[Dict[str, np.ndarray]], List[np.ndarray]]]:
         """The session's (default: this executor's) own C++ run, for CPU-only sessions, when onnxruntime has one."""
@@ -127,7 +132,7 @@ class OnnxRuntimeExecutor:
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(directory, "profile")
             session = ort.InferenceSession(self._model, options, providers=self._session.get_providers())
-            run = self._native_run(session) or (lambda feed: session.run(self._outputs, feed))  # as run() calls
+            run = self._runner(session)  # as run() calls it
             feeds = dict(zip(self._inputs, inputs))
             for _ in range(WARMUP_RUNS):
                 run(feeds)
