@@ -59,9 +59,7 @@ class TvmExecutor:
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
         args = [self._tvm.runtime.tensor(array, self._device) for array in inputs]
         result = self._vms.get()[1](*args, *self._weights)
-        if isinstance(result, self._tvm.runtime.Tensor):
-            return [result.numpy()]
-        return [item.numpy() for item in _flatten(result)]
+        return [tensor.numpy() for tensor in _tensors(self._tvm, result)]
 
     def profile(self, inputs: List[np.ndarray], runs: int,
                 between: Callable[[], None] = profiling.nothing) -> Dict[str, Any]:
@@ -79,7 +77,8 @@ class TvmExecutor:
         vm, main = self._vms.get()  # this thread's VM: the instrument hook is set on it alone
         clock = time.perf_counter
         current = {}  # type: Dict[str, List[float]]
-        order = []  # type: List[str]
+        # The calls in first-run order; a dict, since the hook looks a symbol up on every call.
+        order = {}  # type: Dict[str, None]
         started = []  # type: List[float]
 
         on_gpu = self.artifact.get("device", "cpu") != "cpu"  # GPU kernels return at launch: wait for each
@@ -91,8 +90,7 @@ class TvmExecutor:
             if on_gpu:
                 device.sync()
             elapsed = (clock() - started.pop()) * 1000.0
-            if symbol not in order:
-                order.append(symbol)
+            order.setdefault(symbol, None)
             current.setdefault(symbol, []).append(elapsed)
             return 0
 
@@ -108,8 +106,7 @@ class TvmExecutor:
                 result = main(*args, *self._weights)
                 device.sync()
                 ran = clock()
-                outputs = [result] if isinstance(result, tvm.runtime.Tensor) else _flatten(result)
-                for output in outputs:
+                for output in _tensors(tvm, result):
                     output.numpy()
                 ended = clock()
                 walls.append((ended - begin) * 1000.0)
@@ -119,7 +116,7 @@ class TvmExecutor:
                 between()
         finally:
             vm.set_instrument(None)
-        names = ["inputs in"] + order + ["outputs out"]
+        names = ["inputs in"] + list(order) + ["outputs out"]
         ops = [{"name": name, "type": "copy" if name in ("inputs in", "outputs out") else _op_type(name),
                 "calls": max(len(run.get(name, ())) for run in per_run)} for name in names]
         return {"source": "TVM Relax VM instrument hook, each call timed where it ran", "ops": ops,
@@ -138,6 +135,11 @@ class TvmExecutor:
 def _vm_and_main(vm: Any) -> Tuple[Any, Any]:
     """A VM and its `main` function, looked up once (each call would otherwise look it up again)."""
     return vm, vm["main"]
+
+
+def _tensors(tvm: Any, result: Any) -> List[Any]:
+    """The output tensors of a VM call: one tensor, or a (nested) tuple of them."""
+    return [result] if isinstance(result, tvm.runtime.Tensor) else _flatten(result)
 
 
 def _flatten(result: Any) -> List[Any]:
