@@ -24,9 +24,8 @@ from edgedyn.backends.tflite.ops import pooling, shapes
 from edgedyn.backends.tflite.ops.elementwise import operand_layout
 from edgedyn.backends.tflite.ops.pad import stored_pads
 from edgedyn.backends.tflite.ops.padding import pair, spatial_padding
-from edgedyn.backends.tflite.ops.quantized import fused_activation
+from edgedyn.backends.tflite.ops.quantized import fused_activation, output_quant
 from edgedyn.backends.tflite.writer import Quant
-from edgedyn.quantize.ranges import qparams
 
 aten = torch.ops.aten
 # Operator versions from which LiteRT registers the int8 kernels (tensorflow/lite/tools/versioning/op_version.cc).
@@ -40,9 +39,7 @@ def is_int8(value: Any) -> bool:
 
 
 def _calibrated(ctx: Lowering, node: Any) -> Optional[Quant]:
-    if node.name not in ctx.ranges:
-        return None
-    return Quant(*qparams(*ctx.ranges[node.name]))
+    return output_quant(ctx, node) if node.name in ctx.ranges else None
 
 
 def _emit(ctx: Lowering, op: str, inputs: Sequence[int], shape: Sequence[int], perm: Any, quant: Quant,
@@ -56,10 +53,6 @@ def requantized(ctx: Lowering, value: Value, quant: Quant) -> Value:
     if value.quant.key() == quant.key():
         return value
     return _emit(ctx, "QUANTIZE", [ctx.tensor(value)], value.shape, value.perm, quant)
-
-
-def _shape(node: Any) -> list:
-    return pooling.output_shape(node)
 
 
 def add(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Optional[Value]:
@@ -87,7 +80,7 @@ def _binary(ctx: Lowering, op: str, node: Any, a: Any, b: Any, options: str) -> 
         return None
     a, b = [ctx.quantized(v, arg) for v, arg in zip(operands, node.args)]
     perm = operand_layout((a, b), a.rank)
-    out = _emit(ctx, op, [ctx.tensor(a, perm), ctx.tensor(b, perm)], _shape(node), perm, quant, options,
+    out = _emit(ctx, op, [ctx.tensor(a, perm), ctx.tensor(b, perm)], pooling.output_shape(node), perm, quant, options,
                 fused_activation_function=activation)
     if produced is not node:
         ctx.fused[produced] = out
@@ -149,8 +142,8 @@ def max_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
     kernel, stride, padding = pooling.window(node, x, kernel, stride, padding, ceil_mode)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
                                    pad_value=float(np.finfo(np.float32).min), quant=x.quant)
-    out = _emit(ctx, "MAX_POOL_2D", [source], _shape(node), layout.NHWC, x.quant, "Pool2DOptions", padding=mode,
-                stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1])
+    out = _emit(ctx, "MAX_POOL_2D", [source], pooling.output_shape(node), layout.NHWC, x.quant, "Pool2DOptions",
+                padding=mode, stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1])
     return out, None
 
 
@@ -164,12 +157,12 @@ def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
                divisor_override: Optional[int] = None) -> Optional[Value]:
     if not is_int8(x) or divisor_override is not None or x.rank != 4:
         return None
-    if pooling.is_global_average(x.shape[2:], _shape(node)[2:], pair(kernel), pair(padding)):
+    if pooling.is_global_average(x.shape[2:], pooling.output_shape(node)[2:], pair(kernel), pair(padding)):
         return _mean(ctx, node, x, [2, 3], True)
     kernel, stride, padding = pooling.window(node, x, kernel, stride, padding, ceil_mode)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
                                    same_ok=not count_include_pad, quant=x.quant)
-    return _average(ctx, source, _shape(node), kernel, stride, mode, x.quant)
+    return _average(ctx, source, pooling.output_shape(node), kernel, stride, mode, x.quant)
 
 
 def _average(ctx: Lowering, source: int, shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
@@ -187,7 +180,7 @@ def adaptive_avg_pool2d(ctx: Lowering, node: Any, x: Value, output_size: Sequenc
     if any(x.shape[2 + i] % size[i] for i in range(2)):
         return None
     kernel = [x.shape[2 + i] // size[i] for i in range(2)]
-    return _average(ctx, ctx.tensor(x, layout.NHWC), _shape(node), kernel, kernel, 1, x.quant)
+    return _average(ctx, ctx.tensor(x, layout.NHWC), pooling.output_shape(node), kernel, kernel, 1, x.quant)
 
 
 def mean(ctx: Lowering, node: Any, x: Value, dims: Optional[Sequence[int]] = None, keepdim: bool = False,
@@ -224,7 +217,7 @@ def constant_pad_nd(ctx: Lowering, node: Any, x: Value, pad: Sequence[int], valu
     if not any(pad):
         return x
     stored = stored_pads(x, pad)
-    return _emit(ctx, "PAD", [ctx.tensor(x), ctx.writer.constant(stored)], _shape(node), x.perm, x.quant,
+    return _emit(ctx, "PAD", [ctx.tensor(x), ctx.writer.constant(stored)], pooling.output_shape(node), x.perm, x.quant,
                  "PadOptions")
 
 

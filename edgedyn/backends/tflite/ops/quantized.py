@@ -39,7 +39,8 @@ def fused_activation(node: Any) -> Tuple[int, Any]:
     return 0, node
 
 
-def _output_quant(ctx: Lowering, node: Any) -> Quant:
+def output_quant(ctx: Lowering, node: Any) -> Quant:
+    """The int8 scale and zero point of the calibrated range of `node`'s output."""
     scale, zero_point = qparams(*ctx.ranges[node.name])
     return Quant(scale, zero_point)
 
@@ -72,7 +73,7 @@ def convolution(ctx: Lowering, node: Any, x: Value, w: np.ndarray, b: np.ndarray
     ctx.writer.require_version(op, STATIC_VERSIONS[op])
     inputs = [source, ctx.writer.constant(weights, "filter", Quant(scales, 0, axis)),
               ctx.writer.constant(bias, "bias", Quant(in_scale * scales, 0, 0))]
-    out = ctx.emit(op, inputs, shape, layout.NHWC, options, dtype=np.int8, quant=_output_quant(ctx, produced),
+    out = ctx.emit(op, inputs, shape, layout.NHWC, options, dtype=np.int8, quant=output_quant(ctx, produced),
                    padding=mode, fused_activation_function=activation, **fields)
     if produced is not node:
         ctx.fused[produced] = out
@@ -106,7 +107,7 @@ def fully_connected(ctx: Lowering, node: Any, x: Value, weight: np.ndarray, bias
                   ctx.writer.constant(np.round(b / (in_scale * scales)).astype(np.int32), "bias",
                                       Quant(in_scale * scales, 0, 0)) if b is not None else _NO_BIAS]
         out = ctx.emit("FULLY_CONNECTED", inputs, shape, None, "FullyConnectedOptions", dtype=np.int8,
-                       quant=_output_quant(ctx, node), **keep)
+                       quant=output_quant(ctx, node), **keep)
     if rest is None:
         return out
     return binary(ctx, "ADD", ctx.dequantized(out), rest, shape, "AddOptions")
