@@ -37,6 +37,13 @@ def verify_emulated(bundle: Path, json_: bool = False, threads: Optional[int] = 
     return result.returncode
 
 
+def emulation_block(report: Dict[str, Any], described: Dict[str, Any]) -> Dict[str, Any]:
+    """A bench report's `emulation` entry: the emulated board as `described`, and every timing it holds labelled
+    MEANINGLESS (a profile's op times too). Benches on an emulated board here and through the fleet share it."""
+    timed = list(TIMINGS) + (["ops"] if "ops" in report else [])
+    return dict(described, timings=MEANINGLESS, timing_fields=timed)
+
+
 def bench_emulated(bundle: Path, config: Any) -> Dict[str, Any]:
     """`edgedyn bench` on the bundle's emulated board: its report, with every timing labelled meaningless.
 
@@ -49,8 +56,7 @@ def bench_emulated(bundle: Path, config: Any) -> Dict[str, Any]:
         raise SystemExit(result.returncode)
     sys.stderr.write(board.banner() + "\n")
     report = json.loads(result.stdout)  # type: Dict[str, Any]
-    timed = list(TIMINGS) + (["ops"] if "ops" in report else [])  # a profile's op times are timings too
-    report["emulation"] = dict(board.describe(), timings=MEANINGLESS, timing_fields=timed)
+    report["emulation"] = emulation_block(report, board.describe())
     report["warnings"] = list(report.get("warnings", [])) + [
         "timed on an emulated {} under qemu-user: the timings say nothing about the board; run "
         "`edgedyn bench` on the board itself".format(board.name)]

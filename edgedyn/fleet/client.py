@@ -148,7 +148,10 @@ def _run_with_retry(address: Tuple[str, int], tracker: Any, board: Board, bundle
             names = {option: board.upload(path, path.name) for option, path in extra_files.items()}
             report = board.call(command, board.upload(bundle, bundle.name), json.dumps(dict(options, **names)))
             if command == "bench" and board.env.get("emulated_by"):
-                report["emulation"] = _emulation(board)
+                from edgedyn.emulate import emulation_block
+
+                report["emulation"] = emulation_block(report, {"board": board.name,
+                                                               "emulator": board.env["emulated_by"]})
             return {"board": {"name": board.name, "key": board.key, "env": board.env, "attempt": attempt},
                     "report": report}
         except BoardLost as lost:
@@ -162,15 +165,6 @@ def _run_with_retry(address: Tuple[str, int], tracker: Any, board: Board, bundle
             _require_key(address, board.key)
             board = _request(tracker, board.key)
     raise AssertionError("unreachable")
-
-
-def _emulation(board: Board) -> Dict[str, Any]:
-    """The `emulation` block of a bench on a board that runs under qemu: its timings are labelled as the
-    emulated board's are (edgedyn.emulate)."""
-    from edgedyn.emulate import MEANINGLESS, TIMINGS
-
-    return {"board": board.name, "emulator": board.env["emulated_by"], "timings": MEANINGLESS,
-            "timing_fields": list(TIMINGS)}
 
 
 def run_remote(address: Tuple[str, int], key: str, bundle: Path, inputs: Dict[str, np.ndarray],
