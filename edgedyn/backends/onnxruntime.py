@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from edgedyn.backends import onnx_rewrites
 from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import Board
 from edgedyn.errors import BackendError, MissingDependencyError
@@ -65,7 +66,12 @@ def lower(build: Build) -> Artifact:
     onnx, onnxruntime = _import_onnx()
     output_names = ["output_{}".format(i) for i in range(len(program.graph_signature.user_outputs))]
     model, lowered = _export_high_level_or_core(onnx, program, tensor_inputs, output_names)
-    model, offline_level = _loadable(onnxruntime, _optimize_offline(onnx, onnxruntime, model), model)
+    # The rewrites match the graph after the basic optimizations (constant folding turns the exporter's computed
+    # attention mask into the constant they look for); the exported file ships without them when that one fails.
+    optimized, rewrites = onnx_rewrites.rewrite(onnx, _optimize_offline(onnx, onnxruntime, model))
+    model, offline_level = _loadable(onnxruntime, optimized, model)
+    if offline_level != OFFLINE_LEVEL:
+        rewrites = {key: 0 for key in rewrites}
     extra = {}  # type: Dict[str, Any]
     if quantization is not None:
         from edgedyn.quantize.onnx import quantize
@@ -83,6 +89,7 @@ def lower(build: Build) -> Artifact:
         file_names={"model": "model.onnx"},
         meta={"opset": OPSET, "ir_version": model.ir_version, "input_names": list(tensor_inputs),
               "output_names": output_names, "execution_providers": execution_providers(board),
+              "onnx_rewrites": rewrites,
               "onnxruntime": {"version": onnxruntime.__version__, "graph_optimization": offline_level,
                               "session": board_session(board)},
               "tolerance": dict(FP32_TOLERANCE), "requires": {"python": ["onnxruntime>={}".format(MIN_ONNXRUNTIME)]},

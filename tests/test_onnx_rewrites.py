@@ -1,0 +1,146 @@
+"""The onnxruntime backend's rewrites of torch's exported attention (edgedyn/backends/onnx_rewrites.py): what they
+fuse on stock `transformers` encoders, what they must leave alone, and that the result still equals torch eager."""
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+import edgedyn
+import edgedyn.runtime as rt
+
+pytestmark = pytest.mark.requires("onnx", "onnxruntime", "transformers")
+
+FRESH_SEED = 4321
+
+
+def _graph_ops(path: Path) -> List[str]:
+    import onnx
+
+    bundle = rt.Bundle(path)
+    artifact = bundle.manifest["specializations"][0]["artifacts"][-1]
+    return [n.op_type for n in onnx.load_from_string(bundle.read(artifact["files"]["model"])).graph.node]
+
+
+def _rewrites(path: Path) -> Dict[str, int]:
+    return rt.read_manifest(path)["specializations"][0]["artifacts"][-1]["onnx_rewrites"]
+
+
+def test_vit_attention_becomes_one_node_per_layer_and_matches_torch(tmp_path: Path) -> None:
+    import torch
+
+    from edgedyn import zoo
+
+    model = zoo.build("vit")
+    path = edgedyn.export(model, zoo.example_inputs("vit", seed=0), board="x86-64", backend="onnxruntime",
+                          output=tmp_path / "vit.edgedyn")
+    layers = model.config.num_hidden_layers
+    assert _rewrites(path) == {"zero_adds_removed": layers, "softmax_nan_guards_removed": layers,
+                               "attention_fused": layers}
+    ops = _graph_ops(path)
+    assert ops.count("MultiHeadAttention") == layers
+    assert "IsNaN" not in ops and "Softmax" not in ops  # the fused node holds the softmax
+    fresh = zoo.example_inputs("vit", seed=FRESH_SEED)
+    actual = rt.load(path)(**{k: v.numpy() for k, v in fresh.items()})
+    with torch.no_grad():
+        expected = model(**fresh)["logits"].numpy()
+    scale = float(np.abs(expected).max())
+    np.testing.assert_allclose(actual["logits"], expected, rtol=1e-4, atol=1e-4 * scale)
+
+
+class _MaskedAttention:
+    """Self-attention whose boolean mask is an input."""
+
+    @staticmethod
+    def build() -> Any:
+        import torch
+
+        class Attention(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.qkv = torch.nn.Linear(32, 96)
+
+            def forward(self, x: Any, mask: Any) -> Any:
+                q, k, v = self.qkv(x).view(1, 8, 3, 4, 8).permute(2, 0, 3, 1, 4)
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                return out.transpose(1, 2).reshape(1, 8, 32)
+
+        torch.manual_seed(0)
+        return Attention().eval()
+
+
+def test_attention_with_a_mask_input_keeps_the_nan_guard_and_matches_torch(tmp_path: Path) -> None:
+    """A mask given at run time could hide whole rows: the guard over its softmax stays, nothing is fused, and
+    partly masked rows equal torch's.
+
+    Note: torch 2.13's ONNX exporter turns a boolean mask into an additive one of float32's lowest value, not
+    -inf, so a row with every key hidden comes out as the mean of the values, where torch eager gives zeros;
+    that row is left out of the comparison (the exporter's behaviour, with or without these rewrites)."""
+    import torch
+
+    model = _MaskedAttention.build()
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
+    path = edgedyn.export(model, (torch.randn(1, 8, 32), mask), board="x86-64", backend="onnxruntime",
+                          output=tmp_path / "masked.edgedyn")
+    assert _rewrites(path)["softmax_nan_guards_removed"] == 0 and _rewrites(path)["attention_fused"] == 0
+    assert "IsNaN" in _graph_ops(path)
+    rng = np.random.default_rng(FRESH_SEED)
+    x = torch.from_numpy(rng.standard_normal((1, 8, 32)).astype(np.float32))
+    partial = torch.from_numpy(rng.random((1, 1, 8, 8)) < 0.6)
+    partial[..., 0] = True  # every query sees at least one key
+    with torch.no_grad():
+        expected = model(x, partial).numpy()
+    actual = rt.load(path)(x.numpy(), partial.numpy())
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+
+
+def _tiny_model(onnx: Any, nodes: List[Any], inputs: List[Any], outputs: List[Any], constants: List[Any]) -> Any:
+    graph = onnx.helper.make_graph(nodes, "g", inputs, outputs, initializer=constants)
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 20)])
+
+
+def test_a_zero_add_that_widens_its_input_or_is_a_graph_output_stays() -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgedyn.backends.onnx_rewrites import rewrite
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    widened = helper.make_tensor_value_info("widened", TensorProto.FLOAT, [3, 4])
+    same = helper.make_tensor_value_info("same", TensorProto.FLOAT, [1, 4])
+    kept = helper.make_tensor_value_info("kept", TensorProto.FLOAT, [1, 4])
+    zeros_wide = numpy_helper.from_array(np.zeros((3, 4), np.float32), "zeros_wide")
+    zeros = numpy_helper.from_array(np.zeros((1, 4), np.float32), "zeros")
+    nodes = [helper.make_node("Add", ["x", "zeros_wide"], ["widened"]),  # broadcasts x to 3x4: not the identity
+             helper.make_node("Add", ["x", "zeros"], ["kept"]),           # a graph output keeps its name
+             helper.make_node("Add", ["x", "zeros"], ["inner"]),          # the identity: removed
+             helper.make_node("Relu", ["inner"], ["same"])]
+    model, counts = rewrite(onnx, _tiny_model(onnx, nodes, [x], [widened, kept, same], [zeros_wide, zeros]))
+    assert counts == {"zero_adds_removed": 1, "softmax_nan_guards_removed": 0, "attention_fused": 0}
+    assert [n.op_type for n in model.graph.node] == ["Add", "Add", "Relu"]
+    assert model.graph.node[2].input[0] == "x"
+
+
+def test_a_nan_guard_over_scores_plus_a_constant_holding_minus_inf_stays() -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgedyn.backends.onnx_rewrites import rewrite
+
+    def guarded(mask: np.ndarray) -> Dict[str, int]:
+        a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2, 4, 8])
+        b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 2, 8, 4])
+        out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2, 4, 4])
+        constants = [numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(np.zeros((), np.float32), "zero")]
+        nodes = [helper.make_node("MatMul", ["a", "b"], ["scores"]),
+                 helper.make_node("Add", ["scores", "mask"], ["masked"]),
+                 helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+                 helper.make_node("IsNaN", ["p"], ["nan"]),
+                 helper.make_node("Where", ["nan", "zero", "p"], ["guarded"]),
+                 helper.make_node("Relu", ["guarded"], ["out"])]
+        return rewrite(onnx, _tiny_model(onnx, nodes, [a, b], [out], constants))[1]
+
+    causal = np.triu(np.full((4, 4), np.finfo(np.float32).min, np.float32), 1)  # transformers' finite mask
+    assert guarded(causal)["softmax_nan_guards_removed"] == 1
+    causal_inf = np.triu(np.full((4, 4), -np.inf, np.float32), 1)
+    assert guarded(causal_inf)["softmax_nan_guards_removed"] == 0
