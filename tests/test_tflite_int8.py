@@ -164,3 +164,38 @@ def test_zoo_mobilenet_v2_is_full_integer_and_its_int8_limit_is_reported(tmp_pat
     path = edgedyn.export(model, output=tmp_path / "mnv2.edgedyn", max_accuracy_drop="cosine=0.9", **common)
     names = assert_full_integer(path)
     assert "ADD" in names and "MEAN" in names
+
+
+class Stem(nn.Module):
+    """ResNet's stem: conv, ReLU, then a padded max pool (torch's padding 1 is not TFLite's SAME here)."""
+
+    def __init__(self, relu: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.relu, self.head = nn.Conv2d(3, 8, 7, 2, 3), relu, nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.head(F.max_pool2d(F.relu(y) if self.relu else y, 3, 2, padding=1))
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_max_pool_after_a_relu_pads_with_pad_which_xnnpack_takes(quantize, tmp_path):
+    """After a ReLU the lowest value is 0: the pool's padding is a PAD (XNNPACK delegates it; a PADV2 split ResNet
+    into two partitions). Without the ReLU it must stay the lowest float / int8 value (a PADV2)."""
+    shape = (1, 3, 32, 32)
+    options = dict(quantize="int8", calibration=calibration(shape)) if quantize else {}
+    names = {}
+    for relu in (True, False):
+        path = edgedyn.export(Stem(relu), inputs=["x=1x3x32x32"], backend="tflite",
+                              output=tmp_path / "stem{}.edgedyn".format(relu), **options)
+        names[relu] = [op[0] for op in operators(path)]
+        if quantize:
+            assert_matches_torch(path, Stem(relu).eval(), shape)
+        else:  # fp32: the bundle's own tolerance against torch, on fresh inputs
+            x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+            want = Stem(relu).eval()(torch.from_numpy(x)).detach().numpy()
+            got = edgedyn.runtime.load(path)(x)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    assert "PADV2" not in names[True] and names[True].count("PAD") >= 2, names[True]
+    assert "PADV2" in names[False], names[False]

@@ -23,7 +23,7 @@ from edgedyn.backends.tflite.lowering import Lowering, Value
 from edgedyn.backends.tflite.ops import pooling, shapes
 from edgedyn.backends.tflite.ops.elementwise import operand_layout
 from edgedyn.backends.tflite.ops.pad import stored_pads
-from edgedyn.backends.tflite.ops.padding import pair, spatial_padding
+from edgedyn.backends.tflite.ops.padding import MAX_POOL_FILL, pair, spatial_padding
 from edgedyn.backends.tflite.ops.quantized import fused_activation, output_quant
 from edgedyn.backends.tflite.writer import Quant
 
@@ -141,7 +141,7 @@ def max_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
         return None
     kernel, stride, padding = pooling.window(node, x, kernel, stride, padding, ceil_mode)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
-                                   pad_value=float(np.finfo(np.float32).min), quant=x.quant)
+                                   pad_value=MAX_POOL_FILL, quant=x.quant)
     out = _emit(ctx, "MAX_POOL_2D", [source], pooling.output_shape(node), layout.NHWC, x.quant, "Pool2DOptions",
                 padding=mode, stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1])
     return out, None

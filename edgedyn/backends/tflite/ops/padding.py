@@ -14,6 +14,13 @@ def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> Tupl
     return total // 2, total - total // 2
 
 
+# Note: XNNPACK's TFLite delegate takes PAD but not PADV2 (measured with LiteRT 2.x on ResNet-18: a PADV2 before the
+# stem's max pooling split the graph into two delegated partitions with the PADV2 run by TFLite's own kernel in
+# between). Max pooling pads with the lowest value, which is 0.0 whenever the input is never negative (after a
+# ReLU: each window holds at least one real value, all >= 0) and, for int8, whenever the zero point is -128.
+MAX_POOL_FILL = float(np.finfo(np.float32).min)
+
+
 def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
                     padding: Sequence[int], dilation: Sequence[int], pad_value: float = 0.0,
                     same_ok: bool = True, quant: Optional[Any] = None) -> Tuple[int, int]:
@@ -32,6 +39,8 @@ def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequenc
     pads = np.array([[0, 0], [padding[0], padding[0]], [padding[1], padding[1]], [0, 0]], dtype=np.int32)
     padded = [shape[0], shape[2] + 2 * padding[0], shape[3] + 2 * padding[1], shape[1]]
     out = ctx.writer.tensor("pad", padded, np.int8 if quant is not None else np.float32, quant)
+    if quant is not None and int(quant.zero_point.reshape(-1)[0]) == -128:
+        pad_value = 0.0  # the lowest int8 is then the zero point, the fill PAD writes (see MAX_POOL_FILL)
     if pad_value == 0.0:
         if quant is not None:  # int8 PAD fills with the zero point, i.e. 0.0
             ctx.writer.require_version("PAD", 3)

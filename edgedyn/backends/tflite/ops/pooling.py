@@ -1,13 +1,12 @@
 """Pooling and reductions: MAX_POOL_2D/AVERAGE_POOL_2D in NHWC, MEAN/SUM/REDUCE_MAX over any layout."""
 from typing import Any, List, Optional, Sequence
 
-import numpy as np
 import torch
 
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value
-from edgedyn.backends.tflite.ops.padding import pair, spatial_padding
+from edgedyn.backends.tflite.ops.padding import MAX_POOL_FILL, pair, spatial_padding
 from edgedyn.backends.tflite.writer import Quant
 from edgedyn.runtime.kernels.base import is_global_average
 
@@ -33,13 +32,27 @@ def window(node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int], pa
     return kernel, stride, padding
 
 
+def never_negative(node: Any) -> bool:
+    """Whether the fx node's values are >= 0 by construction: a ReLU, or a clamp/hardtanh with a lower bound >= 0."""
+    target = getattr(node, "target", None)
+    if target in (aten.relu.default, aten.relu6.default):
+        return True
+    if target == aten.hardtanh.default:
+        return float(node.args[1] if len(node.args) > 1 else node.kwargs.get("min_val", -1.0)) >= 0
+    if target == aten.clamp.default:
+        low = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+        return isinstance(low, (int, float)) and low >= 0
+    return False
+
+
 def max_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int] = (),
                padding: Sequence[int] = (0,), dilation: Sequence[int] = (1,), ceil_mode: bool = False) -> Any:
     if any(d != 1 for d in pair(dilation)):
         raise Unsupported("dilated max pooling")
     kernel, stride, padding = window(node, x, kernel, stride, padding, ceil_mode)
+    fill = 0.0 if never_negative(node.args[0]) else MAX_POOL_FILL
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
-                                   pad_value=float(np.finfo(np.float32).min))
+                                   pad_value=fill)
     out = ctx.emit("MAX_POOL_2D", [source], output_shape(node), layout.NHWC, "Pool2DOptions", padding=mode,
                    stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1])
     return out, None  # no indices: getitem(…, 1) reports that
