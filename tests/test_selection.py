@@ -55,6 +55,7 @@ class FakeClock:
     def __init__(self) -> None:
         self.now = 0.0
         self.calls = {}  # type: Dict[str, int]
+        self.order = []  # type: List[str]
 
     def __call__(self) -> float:
         return self.now
@@ -92,6 +93,7 @@ class ClockedExecutor:
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
         CLOCK.now += self.seconds
         CLOCK.calls[self.name] = CLOCK.calls.get(self.name, 0) + 1
+        CLOCK.order.append(self.name)
         return [value.copy() for value in self.outputs]
 
     def describe(self) -> Dict[str, Any]:
@@ -185,15 +187,25 @@ def test_auto_keeps_the_fastest_by_the_clock_and_stops_timing_by_its_rules(monke
         monkeypatch.delitem(BACKENDS, other)
     _register(monkeypatch, "a_slow", "b_fast", "c_too_slow")  # candidates come by name: the slow one first
     monkeypatch.setattr(CLOCK, "calls", {})
-    timing = Timing(warmup=3, min_runs=5, max_runs=50, seconds=0.032, clock=CLOCK)
+    monkeypatch.setattr(CLOCK, "order", [])
+    timing = Timing(warmup=3, min_runs=5, max_runs=60, seconds=0.048, rounds=3, clock=CLOCK)
     artifact = choose("auto", program, board, board.target("cpu"), spec, timing=timing)
     selection = artifact.meta["selection"]
     assert artifact.backend == selection["chosen"] == "b_fast"
     assert selection["medians_ms"] == {"a_slow": 4.0, "b_fast": 0.5, "c_too_slow": 64.0}
-    assert selection["rejected"] == {}
-    # One call to verify, then: first call, 2 more warm-ups, timed runs until 32 ms have passed (8 of 4 ms),
-    # at least 5; capped at 50 for the fast one (50 x 0.5 ms < 32 ms); a call slower than 32 ms: 1 timed run.
-    assert CLOCK.calls == {"a_slow": 1 + 3 + 8, "b_fast": 1 + 3 + 50, "c_too_slow": 1 + 1 + 1}
+    assert selection["rejected"] == {} and selection["timing"]["rounds"] == 3
+    # One call to verify and one first call each; then per round: 2 more warm-ups and timed runs until 16 ms have
+    # passed (4 of 4 ms, raised to min_runs 5), capped at 60 / 3 = 20 for the fast one (20 x 0.5 ms < 16 ms).
+    # A first call slower than 48 ms: 1 timed run, and no rounds.
+    assert CLOCK.calls == {"a_slow": 1 + 1 + 3 * (2 + 5), "b_fast": 1 + 1 + 3 * (2 + 20), "c_too_slow": 1 + 1 + 1}
+    # The rounds take turns, each starting with the candidate the last one ended on (a b | b a | a b), so a burst
+    # of other load lands on both; the calls before them: 3 verifications, 3 first calls, c's timed run.
+    assert _runs(CLOCK.order[7:]) == ["a_slow", "b_fast", "a_slow", "b_fast"]
+
+
+def _runs(order: List[str]) -> List[str]:
+    """The order of calls with consecutive calls of one candidate collapsed into one entry."""
+    return [name for index, name in enumerate(order) if index == 0 or order[index - 1] != name]
 
 
 @pytest.mark.parametrize("int8_backend, kept, words", [
