@@ -26,26 +26,39 @@ def _rewrites(path: Path) -> Dict[str, int]:
     return rt.read_manifest(path)["specializations"][0]["artifacts"][-1]["onnx_rewrites"]
 
 
-def test_vit_attention_becomes_one_node_per_layer_and_matches_torch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name, expected", [
+    # ViT: no mask (the exporter's all-zero one is dropped), so nothing feeds the softmax but q.k
+    ("vit", {"zero_adds_removed": 2, "softmax_nan_guards_removed": 2, "attention_fused": 2}),
+    # GPT-2: a causal mask of float32's lowest value (finite), fused as the node's attention_bias
+    ("gpt2", {"zero_adds_removed": 0, "softmax_nan_guards_removed": 2, "attention_fused": 2}),
+])
+def test_zoo_attention_becomes_one_node_per_layer_and_matches_torch(name: str, expected: Dict[str, int],
+                                                                    tmp_path: Path) -> None:
+    import onnx
     import torch
 
     from edgedyn import zoo
 
-    model = zoo.build("vit")
-    path = edgedyn.export(model, zoo.example_inputs("vit", seed=0), board="x86-64", backend="onnxruntime",
-                          output=tmp_path / "vit.edgedyn")
-    layers = model.config.num_hidden_layers
-    assert _rewrites(path) == {"zero_adds_removed": layers, "softmax_nan_guards_removed": layers,
-                               "attention_fused": layers}
+    model = zoo.build(name)
+    path = edgedyn.export(model, zoo.example_inputs(name, seed=0), board="x86-64", backend="onnxruntime",
+                          output=tmp_path / "{}.edgedyn".format(name))
+    assert _rewrites(path) == expected
     ops = _graph_ops(path)
-    assert ops.count("MultiHeadAttention") == layers
+    assert ops.count("MultiHeadAttention") == expected["attention_fused"]
     assert "IsNaN" not in ops and "Softmax" not in ops  # the fused node holds the softmax
-    fresh = zoo.example_inputs("vit", seed=FRESH_SEED)
+    if name == "gpt2":
+        bundle = rt.Bundle(path)
+        graph = onnx.load_from_string(bundle.read(bundle.manifest["specializations"][0]["artifacts"][-1]["files"]["model"])).graph
+        fused = [n for n in graph.node if n.op_type == "MultiHeadAttention"]
+        assert all(len(n.input) == 6 and n.input[5] for n in fused)  # the causal mask rides along
+    fresh = zoo.example_inputs(name, seed=FRESH_SEED)
     actual = rt.load(path)(**{k: v.numpy() for k, v in fresh.items()})
     with torch.no_grad():
-        expected = model(**fresh)["logits"].numpy()
-    scale = float(np.abs(expected).max())
-    np.testing.assert_allclose(actual["logits"], expected, rtol=1e-4, atol=1e-4 * scale)
+        reference = model(**fresh)
+    for key in zoo.get(name).outputs:
+        want = reference[key].numpy()
+        scale = float(np.abs(want).max())
+        np.testing.assert_allclose(actual[key], want, rtol=1e-4, atol=1e-4 * scale, err_msg=key)
 
 
 class _MaskedAttention:

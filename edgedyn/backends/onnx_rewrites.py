@@ -204,25 +204,27 @@ def _key_heads(graph: _Graph, name: str) -> Optional[Tuple[str, int, int]]:
 
 
 def _fuse_attention(graph: _Graph) -> int:
-    """MatMul(Softmax(MatMul(q*a, k^T*b)), v) between per-head reshapes -> MultiHeadAttention(q, k, v, scale=a*b)."""
+    """Reshape(Transpose(MatMul(Softmax(MatMul(q*a, k^T*b) [+ c]), v))) between per-head reshapes ->
+    Reshape(MultiHeadAttention(q, k, v, scale=a*b [, attention_bias=c]))."""
     count = 0
     for softmax in [n for n in graph.graph.node if n.op_type == "Softmax"]:
         fused = _attention_at(graph, softmax)
         if fused is None:
             continue
-        node, last = fused
-        index = list(graph.graph.node).index(last)
-        graph.graph.node.insert(index + 1, node)
-        last.output[0] = node.name + "_unfused"  # the old chain ends in a dead name; _prune removes it
+        node, flatten = fused
+        graph.graph.node.insert(list(graph.graph.node).index(flatten), node)
+        # (B, S, D) holds the same values in the same order as the merged heads' (B, S, H, Dh): the Reshape that
+        # flattened those (to (B, S, D) or (B*S, D)) reads the fused output instead; _prune drops the old chain.
+        flatten.input[0] = node.output[0]
         graph.refresh()
         count += 1
     return count
 
 
 def _attention_at(graph: _Graph, softmax: Any) -> Optional[Tuple[Any, Any]]:
-    """(the MultiHeadAttention node, the Reshape it replaces) for the attention around this Softmax, if it matches."""
+    """(the MultiHeadAttention node, the Reshape after it) for the attention around this Softmax, if it matches."""
     axis = graph.attribute(softmax, "axis", -1)
-    scores = graph.made_by(softmax.input[0], "MatMul")
+    scores, bias = _scores_and_bias(graph, softmax.input[0])
     if scores is None or axis not in (-1, 3):
         return None
     query_heads, query_scale = _unscaled(graph, scores.input[0])
@@ -240,15 +242,58 @@ def _attention_at(graph: _Graph, softmax: Any) -> Optional[Tuple[Any, Any]]:
         return None
     batch, length, hidden = graph.shapes[query[0]]
     same_heads = query[1:] == key[1:] == value[1:] and graph.shapes[key[0]][2] == graph.shapes[value[0]][2] == hidden
-    if not same_heads or graph.shapes.get(flatten.output[0]) != [batch, length, hidden]:
-        return None
-    if graph.shapes[key[0]][0] != batch:
+    if not same_heads or graph.shapes[key[0]][0] != batch:
         return None
     name = "edgedyn_attention_{}".format(sum(1 for n in graph.graph.node if n.op_type == "MultiHeadAttention"))
-    node = graph.onnx.helper.make_node("MultiHeadAttention", [query[0], key[0], value[0]], [flatten.output[0]],
-                                       name=name, domain=MICROSOFT, num_heads=query[1],
-                                       scale=query_scale * key_scale)
+    inputs = [query[0], key[0], value[0]]
+    if bias is not None:
+        bias_name = _attention_bias(graph, bias, name, (batch, query[1], length, graph.shapes[key[0]][1]))
+        if bias_name is None:
+            return None
+        inputs += ["", "", bias_name]  # MultiHeadAttention's inputs 3 and 4 (projection bias, padding mask) unused
+    node = graph.onnx.helper.make_node("MultiHeadAttention", inputs, [name + "_output"], name=name,
+                                       domain=MICROSOFT, num_heads=query[1], scale=query_scale * key_scale)
     return node, flatten
+
+
+def _scores_and_bias(graph: _Graph, name: str) -> Tuple[Optional[Any], Optional[str]]:
+    """(the q.k MatMul, None) for name = MatMul(...), or (it, c) for name = MatMul(...) + c with c a constant
+    (a causal or other fixed mask); (None, None) otherwise."""
+    matmul = graph.made_by(name, "MatMul")
+    if matmul is not None:
+        return matmul, None
+    add = graph.made_by(name, "Add")
+    if add is None:
+        return None, None
+    for scores, constant in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
+        matmul = graph.made_by(scores, "MatMul")
+        if matmul is not None and graph.constant(constant) is not None:
+            return matmul, constant
+    return None, None
+
+
+# An attention bias is stored expanded to (1 or batch, heads, queries, keys), the one shape every onnxruntime
+# release takes (later ones also broadcast over heads); past this many values the mask stays unfused.
+MAX_BIAS_VALUES = 1 << 22
+
+
+def _attention_bias(graph: _Graph, constant: str, name: str, scores: Tuple[int, int, int, int]) -> Optional[str]:
+    """The name of a new initializer holding the mask `constant` as MultiHeadAttention's attention_bias, or None
+    when it does not broadcast to the scores' (batch, heads, queries, keys) or would be too large."""
+    from onnx import numpy_helper
+
+    mask = graph.constant(constant)
+    if mask.dtype != np.float32 or mask.ndim > 4:
+        return None
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    if any(size not in (1, full) for size, full in zip(mask.shape, scores)):
+        return None
+    target = (mask.shape[0],) + tuple(scores[1:])
+    if int(np.prod(target)) > MAX_BIAS_VALUES:
+        return None
+    tensor = numpy_helper.from_array(np.ascontiguousarray(np.broadcast_to(mask, target)), name + "_bias")
+    graph.graph.initializer.append(tensor)
+    return tensor.name
 
 
 def _prune(graph: _Graph) -> None:
