@@ -436,6 +436,36 @@ def table(results: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+FP32_PEERS = ("onnxruntime-direct", "onnxruntime-transformer-optimizer", "executorch-xnnpack-fp32", "torch-eager",
+              "torch-compile")
+
+
+def against_the_bars(results: Dict[str, Any]) -> str:
+    """Issue 12's bars per model, as ratios (> 1: edgedyn faster): fp32 against onnxruntime-direct and against the
+    fastest fp32 peer of the run, int8 against edgedyn's own fp32 and against ExecuTorch's int8; then each variant
+    that failed, with why (an int8 export that misses its accuracy gate says so here)."""
+    def ms(record: Dict[str, Any], variant: str) -> Optional[float]:
+        return record["variants"].get(variant, {}).get("median_ms")
+
+    def ratio(slower: Optional[float], faster: Optional[float]) -> str:
+        return "{:.2f}x".format(slower / faster) if slower and faster else "-"
+
+    lines = ["| model | fp32 vs onnxruntime-direct | fp32 vs best fp32 peer | int8 vs own fp32 | int8 vs executorch int8 |",
+             "|---|---:|---:|---:|---:|"]
+    failures = []
+    for name, record in results["models"].items():
+        fp32, int8 = ms(record, "edgedyn-fp32"), ms(record, "edgedyn-int8")
+        peers = {v: ms(record, v) for v in FP32_PEERS if ms(record, v)}
+        best = min(peers, key=lambda v: peers[v]) if peers else None
+        lines.append("| {} | {} | {} | {} | {} |".format(
+            name, ratio(ms(record, "onnxruntime-direct"), fp32),
+            "{} ({})".format(ratio(peers[best], fp32), best) if best else "-",
+            ratio(fp32, int8), ratio(ms(record, "executorch-xnnpack-int8"), int8)))
+        failures += ["- {} {}: {}".format(name, variant, entry["error"])
+                     for variant, entry in record["variants"].items() if "median_ms" not in entry and "error" in entry]
+    return "\n".join(lines + ([""] + failures if failures else []))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names, or zoo:NAME")
@@ -481,6 +511,8 @@ def main() -> None:
     print("{} ({} threads, median of {} rounds, each variant in its own process; load average {:.2f})".format(
         results["cpu"], args.threads, args.rounds, os.getloadavg()[0]))
     print(table(results))
+    print()
+    print(against_the_bars(results))
     print("results: {}".format(out.relative_to(REPO)))
 
 
