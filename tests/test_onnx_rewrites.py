@@ -14,12 +14,17 @@ pytestmark = pytest.mark.requires("onnx", "onnxruntime", "transformers")
 FRESH_SEED = 4321
 
 
-def _graph_ops(path: Path) -> List[str]:
+def _graph(path: Path) -> Any:
+    """The ONNX graph of the bundle's (last) onnxruntime artifact."""
     import onnx
 
     bundle = rt.Bundle(path)
     artifact = bundle.manifest["specializations"][0]["artifacts"][-1]
-    return [n.op_type for n in onnx.load_from_string(bundle.read(artifact["files"]["model"])).graph.node]
+    return onnx.load_from_string(bundle.read(artifact["files"]["model"])).graph
+
+
+def _graph_ops(path: Path) -> List[str]:
+    return [n.op_type for n in _graph(path).node]
 
 
 def _rewrites(path: Path) -> Dict[str, int]:
@@ -34,7 +39,6 @@ def _rewrites(path: Path) -> Dict[str, int]:
 ])
 def test_zoo_attention_becomes_one_node_per_layer_and_matches_torch(name: str, expected: Dict[str, int],
                                                                     tmp_path: Path) -> None:
-    import onnx
     import torch
 
     from edgedyn import zoo
@@ -47,9 +51,7 @@ def test_zoo_attention_becomes_one_node_per_layer_and_matches_torch(name: str, e
     assert ops.count("MultiHeadAttention") == expected["attention_fused"]
     assert "IsNaN" not in ops and "Softmax" not in ops  # the fused node holds the softmax
     if name == "gpt2":
-        bundle = rt.Bundle(path)
-        graph = onnx.load_from_string(bundle.read(bundle.manifest["specializations"][0]["artifacts"][-1]["files"]["model"])).graph
-        fused = [n for n in graph.node if n.op_type == "MultiHeadAttention"]
+        fused = [n for n in _graph(path).node if n.op_type == "MultiHeadAttention"]
         assert all(len(n.input) == 6 and n.input[5] for n in fused)  # the causal mask rides along
     fresh = zoo.example_inputs(name, seed=FRESH_SEED)
     actual = rt.load(path)(**{k: v.numpy() for k, v in fresh.items()})

@@ -75,6 +75,11 @@ class _Graph:
         outputs = {o.name for o in self.graph.output}
         return users[0] if len(users) == 1 and name not in outputs else None
 
+    def is_op(self, node: Optional[Any], op_type: str, perm: Optional[List[int]] = None) -> bool:
+        """Whether node is a standard-domain op_type (with this `perm`, for a Transpose)."""
+        return (node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
+                and (perm is None or list(self.attribute(node, "perm", [])) == perm))
+
     def scalar(self, name: str) -> Optional[float]:
         array = self.constant(name)
         return float(array.reshape(-1)[0]) if array is not None and array.size == 1 else None
@@ -232,14 +237,14 @@ def _attention_at(graph: _Graph, softmax: Any) -> Optional[Tuple[Any, Any]]:
     key_heads, key_scale = _unscaled(graph, scores.input[1])
     query, key = _heads(graph, query_heads), _key_heads(graph, key_heads)
     context = graph.only_consumer(softmax.output[0])
-    if query is None or key is None or context is None or context.op_type != "MatMul" or context.input[0] != softmax.output[0]:
+    if query is None or key is None or not graph.is_op(context, "MatMul") or context.input[0] != softmax.output[0]:
         return None
     value = _heads(graph, context.input[1])
     merge = graph.only_consumer(context.output[0])
-    if value is None or merge is None or merge.op_type != "Transpose" or list(graph.attribute(merge, "perm", [])) != SDPA_PERM:
+    if value is None or not graph.is_op(merge, "Transpose", SDPA_PERM):
         return None
     flatten = graph.only_consumer(merge.output[0])
-    if flatten is None or flatten.op_type != "Reshape":
+    if not graph.is_op(flatten, "Reshape"):
         return None
     batch, length, hidden = graph.shapes[query[0]]
     same_heads = query[1:] == key[1:] == value[1:] and graph.shapes[key[0]][2] == graph.shapes[value[0]][2] == hidden
