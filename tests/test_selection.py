@@ -56,6 +56,7 @@ class FakeClock:
         self.now = 0.0
         self.calls = {}  # type: Dict[str, int]
         self.order = []  # type: List[str]
+        self.slowdown = 1.0  # how much slower the whole machine runs for now
 
     def __call__(self) -> float:
         return self.now
@@ -85,13 +86,17 @@ def c_too_slow(build: Build) -> Artifact:
     return _clocked(build, "c_too_slow", 64.0)
 
 
+def d_mid(build: Build) -> Artifact:
+    return _clocked(build, "d_mid", 3.0)
+
+
 class ClockedExecutor:
     def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
         self.name, self.seconds = artifact["backend"], artifact["ms"] / 1000.0
         self.outputs = [np.asarray(value, np.float32) for value in artifact["outputs"]]
 
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
-        CLOCK.now += self.seconds
+        CLOCK.now += self.seconds * CLOCK.slowdown
         CLOCK.calls[self.name] = CLOCK.calls.get(self.name, 0) + 1
         CLOCK.order.append(self.name)
         return [value.copy() for value in self.outputs]
@@ -234,6 +239,39 @@ def test_auto_under_quantize_times_fp32_too_and_keeps_int8_only_when_faster(monk
     assert selection["fp32_medians_ms"] == {"a_slow": 4.0, "b_fast": 0.5}
     assert selection["why"] == words
     assert (words in lines) == (int8_backend == "a_slow")  # the export's progress says when int8 lost
+
+
+def test_int8_and_fp32_winners_are_timed_against_each_other(monkeypatch, loop_spec):
+    """The int8 candidates are timed while the machine runs at twice its speed (a quiet stretch), the fp32 ones
+    after it: their sessions' medians say int8 (2 ms) beats fp32 (3 ms); timed against each other, int8 takes
+    4 ms and the fp32 artifact is kept."""
+    import edgedyn.selection as selection
+    from edgedyn.quantize import Quantization
+
+    spec, program = loop_spec
+    board = load_board("x86-64")
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch, "d_mid")
+    monkeypatch.setitem(BACKENDS, "a_slow", _stand_in("a_slow", "a_slow", quantizes=True))
+    measured = selection._measured
+
+    def machine_changes(build, board, spec, step, timing, quantization):  # type: ignore[no-untyped-def]
+        CLOCK.slowdown = 0.5 if quantization is not None else 1.0
+        try:
+            return measured(build, board, spec, step, timing, quantization)
+        finally:
+            CLOCK.slowdown = 1.0
+
+    monkeypatch.setattr(selection, "_measured", machine_changes)
+    quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]])
+    timing = Timing(warmup=1, min_runs=3, max_runs=6, seconds=0.032, clock=CLOCK)
+    artifact = choose("auto", program, board, board.target("cpu"), spec, timing=timing, quantization=quantization)
+    recorded = artifact.meta["selection"]
+    assert recorded["int8_medians_ms"] == {"a_slow": 2.0}
+    assert recorded["fp32_medians_ms"] == {"a_slow": 4.0, "d_mid": 3.0}
+    assert recorded["head_to_head_ms"] == {"int8": 4.0, "fp32": 3.0}
+    assert artifact.backend == "d_mid" and recorded["why"].startswith("int8 is not faster here")
 
 
 def test_why_names_each_loser_and_how_much_slower():
