@@ -160,20 +160,23 @@ def _measured(build: Callable[[str], Artifact], board: Board, spec: Specializati
               timing: Timing, quantization: Optional[Any]) -> Artifact:
     verified = {}  # type: Dict[str, Artifact]
     rejected = {}  # type: Dict[str, str]
-    for name in candidates(board, quantization):
-        step("building {} with {}".format(spec.name, name))
-        artifact = _attempt(name, lambda: build(name), rejected)
-        if artifact is None:
-            step("{}: skipped ({})".format(name, rejected[name]))
-            continue
-        if _attempt(name, lambda: _verify(artifact, spec), rejected) is None:
-            step("{}: rejected ({})".format(name, rejected[name]))
-            continue
-        step("{}: verified".format(name))
-        verified[name] = artifact
-    if not verified:
-        raise _nothing_built(spec, board, rejected)
-    medians = _timed_in_turns(verified, spec, timing, rejected)
+    with contextlib.ExitStack() as stack:  # each verified executor stays open to be timed
+        executors = {}  # type: Dict[str, Any]
+        for name in candidates(board, quantization):
+            step("building {} with {}".format(spec.name, name))
+            artifact = _attempt(name, lambda: build(name), rejected)
+            if artifact is None:
+                step("{}: skipped ({})".format(name, rejected[name]))
+                continue
+            executor = _attempt(name, lambda: _open_checked(stack, artifact, spec), rejected)
+            if executor is None:
+                step("{}: rejected ({})".format(name, rejected[name]))
+                continue
+            step("{}: verified".format(name))
+            verified[name], executors[name] = artifact, executor
+        if not verified:
+            raise _nothing_built(spec, board, rejected)
+        medians = _timed_in_turns(executors, spec, timing, rejected)
     if not medians:
         raise _nothing_built(spec, board, rejected)
     # Candidates come in preference order (dicts keep it), so a tie keeps the preferred one.
@@ -189,37 +192,32 @@ def _measured(build: Callable[[str], Artifact], board: Board, spec: Specializati
         "host": host_arch()})
 
 
-def _timed_in_turns(verified: Dict[str, Artifact], spec: Specialization, timing: Timing,
+def _timed_in_turns(executors: Dict[str, Any], spec: Specialization, timing: Timing,
                     rejected: Dict[str, str]) -> Dict[str, float]:
-    """Each verified artifact's median milliseconds per call on the example inputs, all of them open at once and
-    timed in turns (see Timing); one that fails while being timed goes to `rejected`."""
-    inputs = [np.ascontiguousarray(tensor.numpy()) for tensor in spec.example_tensors]
+    """Each open executor's median milliseconds per call on the example inputs, all of them timed in turns (see
+    Timing); one that fails while being timed goes to `rejected`."""
+    inputs = _example_arrays(spec)
+    calls = {name: (lambda executor=executor: executor.run(inputs)) for name, executor in executors.items()}
     medians = {}  # type: Dict[str, float]
-    with contextlib.ExitStack() as stack:
-        calls = {}  # type: Dict[str, Callable[[], Any]]
-        for name, artifact in verified.items():
-            executor = _attempt(name, lambda: stack.enter_context(open_executor(artifact))[0], rejected)
-            if executor is not None:
-                calls[name] = lambda executor=executor: executor.run(inputs)
-        turns = []  # type: List[str]
-        for name, call in calls.items():
-            slow = _attempt(name, lambda: _slow_call_ms(call, timing), rejected)
-            if name in rejected:
-                continue
-            if slow is not None:
-                medians[name] = slow  # too slow to win: its one timed run says so
-            else:
-                turns.append(name)
-        per_round = {name: [] for name in turns}  # type: Dict[str, List[float]]
-        for index in range(timing.rounds if turns else 0):
-            shift = index % len(turns)
-            for name in turns[shift:] + turns[:shift]:
-                if name not in rejected:
-                    median = _attempt(name, lambda: _round_median_ms(calls[name], timing), rejected)
-                    if median is not None:
-                        per_round[name].append(median)
-        medians.update({name: percentile(per_round[name], 50) for name in turns if name not in rejected})
-    return {name: medians[name] for name in verified if name in medians}
+    turns = []  # type: List[str]
+    for name, call in calls.items():
+        slow = _attempt(name, lambda: _slow_call_ms(call, timing), rejected)
+        if name in rejected:
+            continue
+        if slow is not None:
+            medians[name] = slow  # too slow to win: its one timed run says so
+        else:
+            turns.append(name)
+    per_round = {name: [] for name in turns}  # type: Dict[str, List[float]]
+    for index in range(timing.rounds if turns else 0):
+        shift = index % len(turns)
+        for name in turns[shift:] + turns[:shift]:
+            if name not in rejected:
+                median = _attempt(name, lambda: _round_median_ms(calls[name], timing), rejected)
+                if median is not None:
+                    per_round[name].append(median)
+    medians.update({name: percentile(per_round[name], 50) for name in turns if name not in rejected})
+    return {name: medians[name] for name in executors if name in medians}
 
 
 def _slow_call_ms(call: Callable[[], Any], timing: Timing) -> Optional[float]:
@@ -265,7 +263,9 @@ def _int8_or_fp32(int8: Artifact, fp32: Artifact, spec: Specialization, timing: 
     that decides; the sessions' medians are kept in the record.
     """
     int8_selection, fp32_selection = int8.meta["selection"], fp32.meta["selection"]
-    paired = _timed_in_turns({"int8": int8, "fp32": fp32}, spec, timing, {})
+    with contextlib.ExitStack() as stack:
+        paired = _timed_in_turns({label: stack.enter_context(open_executor(artifact))[0]
+                                  for label, artifact in (("int8", int8), ("fp32", fp32))}, spec, timing, {})
     int8_ms = paired.get("int8", int8_selection["medians_ms"][int8.backend])
     fp32_ms = paired.get("fp32", fp32_selection["medians_ms"][fp32.backend])
     compared = {"int8_medians_ms": int8_selection["medians_ms"], "fp32_medians_ms": fp32_selection["medians_ms"],
@@ -320,10 +320,23 @@ def _attempt(name: str, work: Callable[[], Any], rejected: Dict[str, str]) -> An
 
 def _verify(artifact: Artifact, spec: Specialization) -> bool:
     """Runs the artifact on the example inputs: True, or EdgedynError if it disagrees with torch eager."""
-    with open_executor(artifact) as (executor, record):
-        inputs = [np.ascontiguousarray(tensor.numpy()) for tensor in spec.example_tensors]
-        _check_outputs(artifact, record, executor.run(inputs), spec.reference_outputs)
+    with contextlib.ExitStack() as stack:
+        _open_checked(stack, artifact, spec)
     return True
+
+
+def _open_checked(stack: contextlib.ExitStack, artifact: Artifact, spec: Specialization) -> Any:
+    """The artifact's executor, open until `stack` closes, once its outputs on the example inputs agree with torch
+    eager (EdgedynError if they do not)."""
+    with contextlib.ExitStack() as opened:  # closed again at once when the check fails
+        executor, record = opened.enter_context(open_executor(artifact))
+        _check_outputs(artifact, record, executor.run(_example_arrays(spec)), spec.reference_outputs)
+        stack.enter_context(opened.pop_all())
+    return executor
+
+
+def _example_arrays(spec: Specialization) -> List[np.ndarray]:
+    return [np.ascontiguousarray(tensor.numpy()) for tensor in spec.example_tensors]
 
 
 def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],
