@@ -410,11 +410,16 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> Dict[str,
         if errors:
             entry["error"] = errors[0]
         record["variants"][variant] = entry
+    add_speedups(record)
+    return record
+
+
+def add_speedups(record: Dict[str, Any]) -> None:
+    """Each timed variant of one model's record gets its speed-up over onnxruntime-direct, when that one ran."""
     direct = record["variants"].get("onnxruntime-direct", {}).get("median_ms")
     for entry in record["variants"].values():
         if direct and entry.get("median_ms"):
             entry["speedup_vs_onnxruntime_direct"] = direct / entry["median_ms"]
-    return record
 
 
 def table(results: Dict[str, Any]) -> str:
@@ -451,10 +456,7 @@ def best_rounds(results: Dict[str, Any]) -> Dict[str, Any]:
         for entry in record["variants"].values():
             if entry.get("rounds_ms"):
                 entry["median_ms"] = min(entry["rounds_ms"])
-        direct = record["variants"].get("onnxruntime-direct", {}).get("median_ms")
-        for entry in record["variants"].values():
-            if direct and entry.get("median_ms"):
-                entry["speedup_vs_onnxruntime_direct"] = direct / entry["median_ms"]
+        add_speedups(record)
     return best
 
 
