@@ -66,14 +66,17 @@ class _Graph:
             self._arrays[name] = numpy_helper.to_array(self._initializers[name])
         return self._arrays.get(name)
 
-    def made_by(self, name: str, op_type: str) -> Optional[Any]:
+    def made_by(self, name: str, op_type: str, perm: Optional[List[int]] = None) -> Optional[Any]:
+        """The node producing `name` when it is that op (see is_op), else None."""
         node = self.producer.get(name)
-        return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
+        return node if self.is_op(node, op_type, perm) else None
+
+    def is_output(self, name: str) -> bool:
+        return any(output.name == name for output in self.graph.output)
 
     def only_consumer(self, name: str) -> Optional[Any]:
         users = self.consumers.get(name, [])
-        outputs = {o.name for o in self.graph.output}
-        return users[0] if len(users) == 1 and name not in outputs else None
+        return users[0] if len(users) == 1 and not self.is_output(name) else None
 
     def is_op(self, node: Optional[Any], op_type: str, perm: Optional[List[int]] = None) -> bool:
         """Whether node is a standard-domain op_type (with this `perm`, for a Transpose)."""
@@ -110,7 +113,7 @@ def _bypass(graph: _Graph, node: Any, kept_input: str) -> bool:
     """Every reader of node's output reads kept_input instead, which leaves node dead (for _prune); False, and
     nothing changed, when the output is one of the graph's (it keeps its name)."""
     output = node.output[0]
-    if any(graph_output.name == output for graph_output in graph.graph.output):
+    if graph.is_output(output):
         return False
     for user in graph.consumers.get(output, []):
         for index, name in enumerate(user.input):
@@ -124,7 +127,7 @@ def _drop_zero_adds(graph: _Graph) -> int:
     """Add(x, c) with c an all-zero constant that does not widen x's shape (torch's empty attention mask)."""
     count = 0
     for node in list(graph.graph.node):
-        if node.op_type != "Add" or node.domain not in ("", "ai.onnx"):
+        if not graph.is_op(node, "Add"):
             continue
         output = node.output[0]
         for data, other in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
@@ -142,7 +145,7 @@ def _drop_softmax_nan_guards(graph: _Graph) -> int:
     """Where(IsNaN(p), 0, p) with p = Softmax(MatMul(...) [+ finite constants])."""
     count = 0
     for node in list(graph.graph.node):
-        if node.op_type != "Where" or len(node.input) != 3:
+        if not graph.is_op(node, "Where") or len(node.input) != 3:
             continue
         condition, zero, probabilities = node.input
         is_nan = graph.made_by(condition, "IsNaN")
@@ -169,8 +172,8 @@ def _rows_cannot_be_all_minus_inf(graph: _Graph, scores: str) -> bool:
 
 def _heads(graph: _Graph, name: str) -> Optional[Tuple[str, int, int]]:
     """(x, heads, head size) when name = Transpose[0,2,1,3](Reshape(x, [B, S, H, Dh])) with x of shape (B, S, H*Dh)."""
-    transpose = graph.made_by(name, "Transpose")
-    if transpose is None or list(graph.attribute(transpose, "perm", [])) != SDPA_PERM:
+    transpose = graph.made_by(name, "Transpose", SDPA_PERM)
+    if transpose is None:
         return None
     reshape = graph.made_by(transpose.input[0], "Reshape")
     target = None if reshape is None else graph.constant(reshape.input[1])
@@ -199,8 +202,8 @@ def _unscaled(graph: _Graph, name: str) -> Tuple[str, float]:
 
 def _key_heads(graph: _Graph, name: str) -> Optional[Tuple[str, int, int]]:
     """_heads of k for name = Transpose[0,1,3,2](k per head), with or without a Reshape to the same shape between."""
-    transpose = graph.made_by(name, "Transpose")
-    if transpose is None or list(graph.attribute(transpose, "perm", [])) != KEY_PERM:
+    transpose = graph.made_by(name, "Transpose", KEY_PERM)
+    if transpose is None:
         return None
     inner = transpose.input[0]
     reshape = graph.made_by(inner, "Reshape")
@@ -213,7 +216,7 @@ def _fuse_attention(graph: _Graph) -> int:
     """Reshape(Transpose(MatMul(Softmax(MatMul(q*a, k^T*b) [+ c]), v))) between per-head reshapes ->
     Reshape(MultiHeadAttention(q, k, v, scale=a*b [, attention_bias=c]))."""
     count = 0
-    for softmax in [n for n in graph.graph.node if n.op_type == "Softmax"]:
+    for softmax in [n for n in graph.graph.node if graph.is_op(n, "Softmax")]:
         fused = _attention_at(graph, softmax)
         if fused is None:
             continue
