@@ -39,7 +39,7 @@ def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequenc
     pads = np.array([[0, 0], [padding[0], padding[0]], [padding[1], padding[1]], [0, 0]], dtype=np.int32)
     padded = [shape[0], shape[2] + 2 * padding[0], shape[3] + 2 * padding[1], shape[1]]
     out = ctx.writer.tensor("pad", padded, np.int8 if quant is not None else np.float32, quant)
-    if quant is not None and int(quant.zero_point.reshape(-1)[0]) == -128:
+    if pad_value == MAX_POOL_FILL and quant is not None and int(quant.zero_point.reshape(-1)[0]) == -128:
         pad_value = 0.0  # the lowest int8 is then the zero point, the fill PAD writes (see MAX_POOL_FILL)
     if pad_value == 0.0:
         if quant is not None:  # int8 PAD fills with the zero point, i.e. 0.0
