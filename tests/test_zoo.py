@@ -25,16 +25,52 @@ def test_zoo_model_matches_torch_eager_on_fresh_inputs(name: str, tmp_path: Path
 
 
 @pytest.mark.zoo_full
-def test_swin_on_onnxruntime_is_lowered_from_core_aten_and_says_why(tmp_path: Path) -> None:
-    """torch's ONNX exporter fails on Swin's high-level graph (a view in its windowed attention); the backend
-    exports the core-ATen graph instead, and the manifest says so (the comparison is the parametrized test's)."""
+def test_swin_on_onnxruntime_keeps_its_high_level_graph(tmp_path: Path) -> None:
+    """Swin's windowed attention once failed torch's ONNX exporter when it ran under autograd (a view of a
+    non-contiguous tensor); exported as inference, the high-level graph converts and its attention is fused (the
+    comparison with eager is the parametrized test's)."""
     import edgedyn
     import edgedyn.runtime as rt
 
     path = edgedyn.export(zoo.build("swin"), zoo.example_inputs("swin", seed=0), board="x86-64",
                           backend="onnxruntime", output=tmp_path / "swin.edgedyn")
-    lowered = rt.load(path).specializations[0].artifact["onnx_graph"]
-    assert lowered["lowered_from"].startswith("core ATen") and "ONNX exporter cannot convert" in lowered["why"]
+    artifact = rt.load(path).specializations[0].artifact
+    assert "onnx_graph" not in artifact
+    assert artifact["onnx_rewrites"]["attention_fused"] >= 1
+
+
+def test_a_high_level_graph_the_exporter_refuses_is_lowered_from_core_aten_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When torch's exporter cannot convert the high-level graph, the backend exports the core-ATen one, the
+    manifest says so and why, and the bundle still matches eager on fresh inputs."""
+    import torch
+
+    import edgedyn
+    import edgedyn.runtime as rt
+    from edgedyn.backends import onnxruntime as backend
+    from edgedyn.errors import BackendError
+
+    real_export = backend._export
+
+    def refuse_high_level(onnx: Any, program: Any, *args: Any) -> Any:
+        targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+        if any(".linear." in target for target in targets):  # core ATen has no linear: it is addmm there
+            raise BackendError("torch's ONNX exporter cannot convert this graph: ValueError: refused for the test")
+        return real_export(onnx, program, *args)
+
+    monkeypatch.setattr(backend, "_export", refuse_high_level)
+    model = zoo.build("vit")
+    path = edgedyn.export(model, zoo.example_inputs("vit", seed=0), board="x86-64", backend="onnxruntime",
+                          output=tmp_path / "vit.edgedyn")
+    program = rt.load(path)
+    lowered = program.specializations[0].artifact["onnx_graph"]
+    assert lowered["lowered_from"].startswith("core ATen") and "refused for the test" in lowered["why"]
+    fresh = zoo.example_inputs("vit", seed=FRESH_SEED)
+    with torch.no_grad():
+        expected = model(**fresh).logits.numpy()
+    actual = program(**_numpy(fresh))
+    actual = actual["logits"] if isinstance(actual, dict) else actual[0]
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
 
 
 def check_against_eager(name: str, backend: str, tmp_path: Path) -> None:

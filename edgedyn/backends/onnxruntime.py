@@ -102,9 +102,9 @@ def _export_high_level_or_core(onnx: Any, program: Any, tensor_inputs: List[str]
     """The ONNX model of the high-level graph (the one onnxruntime fuses best), or, when torch's exporter cannot
     convert that, of the same program in core ATen, with the manifest's note of why.
 
-    Note: torch 2.13's exporter fails on some high-level graphs that it converts once decomposed (the zoo's Swin:
-    `Cannot view a tensor ... as (4, 16, 32)` in its windowed attention); the core-ATen graph is what every other
-    backend lowers, so it is a correct model, only with fewer onnxruntime fusions.
+    Note: torch's exporter may fail on a high-level graph that it converts once decomposed (torch 2.13 did on the
+    zoo's Swin until the export ran under no_grad); the core-ATen graph is what every other backend lowers, so it
+    is a correct model, only with fewer onnxruntime fusions.
     """
     try:
         return _export(onnx, program, tensor_inputs, output_names), {}
@@ -126,7 +126,10 @@ def _export(onnx: Any, program: Any, tensor_inputs: List[str], output_names: Lis
     from edgedyn.torch_quiet import quiet_torch
 
     try:
-        with quiet_torch():
+        # Under autograd the exporter's decompositions give scaled_dot_product_attention's math a different
+        # stride than the captured graph's views assume (the zoo's Swin: `Cannot view a tensor ... as
+        # (4, 16, 32)`); inference graphs are exported as they run, without it.
+        with quiet_torch(), torch.no_grad():
             exported = torch.onnx.export(program, (), dynamo=True, opset_version=OPSET, optimize=True,
                                          input_names=list(tensor_inputs), output_names=output_names, verbose=False)
     except Exception as error:
