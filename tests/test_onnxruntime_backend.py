@@ -209,6 +209,53 @@ def test_a_file_onnxruntime_cannot_reopen_is_replaced_by_the_exported_model():
     assert _loadable(Refusing, optimized, exported) == (exported, "none")
 
 
+def test_initializers_onnxruntime_generated_offline_are_renamed_so_the_board_reopens_the_file(tmp_path):
+    """onnxruntime's offline MatMulAddFusion names its reshape shapes after free node names (gemm_input_shape). In
+    a post-norm encoder layer (BERT's, DistilBERT's) it leaves the attention's projections for later; the board's
+    onnxruntime fuses those at load, made the same names again and refused the file, and the backend shipped the
+    unoptimized export, its attention unfused."""
+    import numpy as np
+    import onnx
+    import onnxruntime
+    import torch
+
+    from edgedyn.backends.onnxruntime import GENERATED_PREFIX
+
+    class PostNormLayer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(32) for _ in range(3))
+            self.q, self.k, self.v, self.out = (torch.nn.Linear(32, 32) for _ in range(4))
+            self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+        def forward(self, x):
+            h = self.norms[0](x)
+            q, k, v = (t.view(1, 8, 4, 8).transpose(1, 2) for t in (self.q(h), self.k(h), self.v(h)))
+            attention = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            h = self.norms[1](h + self.out(attention.transpose(1, 2).reshape(1, 8, 32)))
+            return self.norms[2](h + self.down(torch.nn.functional.gelu(self.up(h))))
+
+    torch.manual_seed(0)
+    model = PostNormLayer().eval()
+    path = edgedyn.export(model, (torch.randn(1, 8, 32),), board="x86-64", backend="onnxruntime",
+                          output=tmp_path / "layer.edgedyn")
+    bundle = rt.Bundle(path)
+    artifact = bundle.manifest["specializations"][0]["artifacts"][-1]
+    assert artifact["onnxruntime"]["graph_optimization"] == "basic"
+    assert artifact["onnx_rewrites"]["attention_fused"] == 1
+    data = bundle.read(artifact["files"]["model"])
+    assert any(t.name.startswith(GENERATED_PREFIX) for t in onnx.load_from_string(data).graph.initializer)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    onnxruntime.InferenceSession(data, options, providers=["CPUExecutionProvider"])  # as the board opens it
+    x = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(99))
+    with torch.no_grad():
+        want = model(x).numpy()
+    got = rt.load(path)(x.numpy())
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+
+
 def _board_with_session(tmp_path: Path, table: str) -> Path:
     """The x86-64 board file as a user's own, with an [onnxruntime] table."""
     text = (REPO / "boards" / "x86-64.toml").read_text().replace('name = "x86-64"', 'name = "my-x86"')

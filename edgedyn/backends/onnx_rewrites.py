@@ -212,6 +212,15 @@ def _key_heads(graph: _Graph, name: str) -> Optional[Tuple[str, int, int]]:
     return _heads(graph, inner)
 
 
+def _past_same_shape_reshape(graph: _Graph, node: Optional[Any]) -> Optional[Any]:
+    """The only reader of node's output when node is a Reshape that keeps its input's shape (Whisper's attention
+    writes one between the context MatMul and the head merge), else node."""
+    if graph.is_op(node, "Reshape") and graph.shapes.get(node.input[0]) is not None \
+            and graph.shapes.get(node.input[0]) == graph.shapes.get(node.output[0]):
+        return graph.only_consumer(node.output[0])
+    return node
+
+
 def _fuse_attention(graph: _Graph) -> int:
     """Reshape(Transpose(MatMul(Softmax(MatMul(q*a, k^T*b) [+ c]), v))) between per-head reshapes ->
     Reshape(MultiHeadAttention(q, k, v, scale=a*b [, attention_bias=c]))."""
@@ -243,7 +252,7 @@ def _attention_at(graph: _Graph, softmax: Any) -> Optional[Tuple[Any, Any]]:
     if query is None or key is None or not graph.is_op(context, "MatMul") or context.input[0] != softmax.output[0]:
         return None
     value = _heads(graph, context.input[1])
-    merge = graph.only_consumer(context.output[0])
+    merge = _past_same_shape_reshape(graph, graph.only_consumer(context.output[0]))
     if value is None or not graph.is_op(merge, "Transpose", SDPA_PERM):
         return None
     flatten = graph.only_consumer(merge.output[0])

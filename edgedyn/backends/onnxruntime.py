@@ -166,8 +166,43 @@ def _optimize_offline(onnx: Any, onnxruntime: Any, model: Any) -> Any:
     optimized.opset_import.extend(kept)
     optimized.ir_version = IR_VERSION
     optimized.producer_name, optimized.producer_version = model.producer_name, model.producer_version
+    _rename_generated_initializers(model, optimized)
     onnx.checker.check_model(optimized)
     return optimized
+
+
+GENERATED_PREFIX = "edgedyn_offline_"
+
+
+def _rename_generated_initializers(exported: Any, optimized: Any) -> None:
+    """Gives every initializer that onnxruntime's offline pass created a name of edgedyn's own.
+
+    onnxruntime names some initializers it creates after node names that are free (MatMulAddFusion's
+    `gemm_input_shape`, checked only against the graph's node names): the board's onnxruntime, optimizing the
+    file once more at load, then makes the same name again and refuses the file ("AddInitializedOrtValue Attempt
+    to replace the existing tensor", onnxruntime 1.32, the zoo's DistilBERT and Wav2Vec2).
+    """
+    graph = optimized.graph
+    if any(attribute.type in (attribute.GRAPH, attribute.GRAPHS) for node in graph.node for attribute in node.attribute):
+        return  # a subgraph may read an initializer by name; such graphs are left as they are
+    known = ({t.name for t in exported.graph.initializer} | {v.name for v in exported.graph.input}
+             | {name for node in exported.graph.node for name in node.output})
+    taken = {t.name for t in graph.initializer} | {name for node in graph.node for name in node.output}
+    renamed = {}  # type: Dict[str, str]
+    for tensor in graph.initializer:
+        if tensor.name in known:
+            continue
+        name = GENERATED_PREFIX + tensor.name
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        renamed[tensor.name] = tensor.name = name
+    if not renamed:
+        return
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+    for value in graph.value_info:
+        value.name = renamed.get(value.name, value.name)
 
 
 def _loadable(onnxruntime: Any, optimized: Any, exported: Any) -> Tuple[Any, str]:
