@@ -42,6 +42,12 @@ def _rewrites(path: Path) -> Dict[str, int]:
     ("wav2vec2", {"zero_adds_removed": 2, "softmax_nan_guards_removed": 2, "attention_fused": 2}),
     # Whisper's encoder: q scaled before the head split, no NaN guard, a Reshape to the same shape after the context
     ("whisper_encoder", {"zero_adds_removed": 0, "softmax_nan_guards_removed": 0, "attention_fused": 2}),
+    # Swin and SegFormer: their single-head stages come out of onnxruntime's basic pass with k^T as a Transpose of
+    # k's (B, S, 1, Dh) split; SegFormer's keys are a reduced sequence (64 keys for 256 queries)
+    ("swin", {"zero_adds_removed": 2, "softmax_nan_guards_removed": 0, "attention_fused": 2}),
+    ("segformer", {"zero_adds_removed": 0, "softmax_nan_guards_removed": 0, "attention_fused": 2}),
+    # MobileViT: attention over patches (batch 4), the scores divided by sqrt(head size)
+    ("mobilevit", {"zero_adds_removed": 0, "softmax_nan_guards_removed": 0, "attention_fused": 9}),
 ])
 def test_zoo_attention_becomes_one_node_per_layer_and_matches_torch(name: str, expected: Dict[str, int],
                                                                     tmp_path: Path) -> None:
@@ -112,6 +118,39 @@ def test_attention_with_a_mask_input_keeps_the_nan_guard_and_matches_torch(tmp_p
     with torch.no_grad():
         expected = model(x, partial).numpy()
     actual = rt.load(path)(x.numpy(), partial.numpy())
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_attention_written_by_hand_with_k_transposed_from_its_split_fuses_and_matches_torch(
+        heads: int, tmp_path: Path) -> None:
+    """q @ k^T with k^T = k.view(B, S, H, Dh).permute(0, 2, 3, 1), softmax, @ v: the form onnxruntime's transpose
+    optimizer also gives a single-head SDPA (the zoo's Swin and SegFormer), fused as one MultiHeadAttention."""
+    import torch
+
+    class HandAttention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(32, 32) for _ in range(3))
+
+        def forward(self, x: Any) -> Any:
+            size = 32 // heads
+            q = self.q(x).view(1, 8, heads, size).transpose(1, 2)
+            k_t = self.k(x).view(1, 8, heads, size).permute(0, 2, 3, 1)
+            v = self.v(x).view(1, 8, heads, size).transpose(1, 2)
+            weights = torch.softmax(q @ k_t * size ** -0.5, dim=-1)
+            return (weights @ v).transpose(1, 2).reshape(1, 8, 32)
+
+    torch.manual_seed(0)
+    model = HandAttention().eval()
+    path = edgedyn.export(model, (torch.randn(1, 8, 32),), board="x86-64", backend="onnxruntime",
+                          output=tmp_path / "hand.edgedyn")
+    assert _rewrites(path)["attention_fused"] == 1
+    assert "Softmax" not in _graph_ops(path)
+    x = torch.from_numpy(np.random.default_rng(FRESH_SEED).standard_normal((1, 8, 32)).astype(np.float32))
+    with torch.no_grad():
+        expected = model(x).numpy()
+    actual = rt.load(path)(x.numpy())
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
 
 

@@ -25,6 +25,7 @@ MICROSOFT = "com.microsoft"
 MICROSOFT_VERSION = 1
 SDPA_PERM = [0, 2, 1, 3]  # (B, S, H, Dh) <-> (B, H, S, Dh)
 KEY_PERM = [0, 1, 3, 2]   # k^T per head
+SPLIT_KEY_PERM = [0, 2, 3, 1]  # k^T per head from k split into (B, S, H, Dh)
 
 
 class _Graph:
@@ -190,26 +191,46 @@ def _heads(graph: _Graph, name: str) -> Optional[Tuple[str, int, int]]:
 
 
 def _unscaled(graph: _Graph, name: str) -> Tuple[str, float]:
-    """(x, s) for name = Mul(x, s) with a scalar constant s, else (name, 1)."""
+    """(x, s) for name = Mul(x, s) or Div(x, 1/s) with a scalar constant (MobileViT divides its scores by
+    sqrt(head size)), else (name, 1)."""
     mul = graph.made_by(name, "Mul")
     if mul is not None:
         for data, factor in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
             value = graph.scalar(factor)
             if value is not None:
                 return data, value
+    div = graph.made_by(name, "Div")
+    divisor = None if div is None else graph.scalar(div.input[1])
+    if divisor:
+        return div.input[0], 1.0 / divisor
     return name, 1.0
 
 
 def _key_heads(graph: _Graph, name: str) -> Optional[Tuple[str, int, int]]:
-    """_heads of k for name = Transpose[0,1,3,2](k per head), with or without a Reshape to the same shape between."""
+    """_heads of k for name = k^T per head: Transpose[0,1,3,2](k per head), with or without a Reshape to the same
+    shape between, or Transpose[0,2,3,1] of k split into (B, S, H, Dh) before its head transpose (how onnxruntime's
+    transpose optimizer rewrites the first form where H is 1: the zoo's Swin and SegFormer single-head stages)."""
     transpose = graph.made_by(name, "Transpose", KEY_PERM)
-    if transpose is None:
+    if transpose is not None:
+        inner = transpose.input[0]
+        reshape = graph.made_by(inner, "Reshape")
+        if reshape is not None and graph.shapes.get(reshape.input[0]) == graph.shapes.get(inner):
+            inner = reshape.input[0]
+        return _heads(graph, inner)
+    transpose = graph.made_by(name, "Transpose", SPLIT_KEY_PERM)
+    split = None if transpose is None else graph.shapes.get(transpose.input[0])
+    reshape = None if transpose is None else graph.made_by(transpose.input[0], "Reshape")
+    if reshape is None or split is None or len(split) != 4:
         return None
-    inner = transpose.input[0]
-    reshape = graph.made_by(inner, "Reshape")
-    if reshape is not None and graph.shapes.get(reshape.input[0]) == graph.shapes.get(inner):
-        inner = reshape.input[0]
-    return _heads(graph, inner)
+    source = reshape.input[0]
+    heads = _heads(graph, source)
+    if heads is not None:
+        # (B, H, S, Dh) reshaped to (B, S, H, Dh) keeps the element order only when H is 1
+        return heads if split[2] == 1 and heads[1:] == (1, split[3]) else None
+    shape = graph.shapes.get(source)
+    if shape is None or len(shape) != 3 or shape[:2] != split[:2] or shape[2] != split[2] * split[3]:
+        return None
+    return source, split[2], split[3]
 
 
 def _past_same_shape_reshape(graph: _Graph, node: Optional[Any]) -> Optional[Any]:
@@ -222,8 +243,8 @@ def _past_same_shape_reshape(graph: _Graph, node: Optional[Any]) -> Optional[Any
 
 
 def _fuse_attention(graph: _Graph) -> int:
-    """Reshape(Transpose(MatMul(Softmax(MatMul(q*a, k^T*b) [+ c]), v))) between per-head reshapes ->
-    Reshape(MultiHeadAttention(q, k, v, scale=a*b [, attention_bias=c]))."""
+    """Reshape(Transpose(MatMul(Softmax(MatMul(q*a, k^T*b) [* s or / (1/s)] [+ c]), v))) between per-head reshapes ->
+    Reshape(MultiHeadAttention(q, k, v, scale=a*b*s [, attention_bias=c]))."""
     count = 0
     for softmax in [n for n in graph.graph.node if graph.is_op(n, "Softmax")]:
         fused = _attention_at(graph, softmax)
@@ -242,7 +263,7 @@ def _fuse_attention(graph: _Graph) -> int:
 def _attention_at(graph: _Graph, softmax: Any) -> Optional[Tuple[Any, Any]]:
     """(the MultiHeadAttention node, the Reshape after it) for the attention around this Softmax, if it matches."""
     axis = graph.attribute(softmax, "axis", -1)
-    scores, bias = _scores_and_bias(graph, softmax.input[0])
+    scores, bias, scores_scale = _scores_and_bias(graph, softmax.input[0])
     if scores is None or axis not in (-1, 3):
         return None
     query_heads, query_scale = _unscaled(graph, scores.input[0])
@@ -270,24 +291,26 @@ def _attention_at(graph: _Graph, softmax: Any) -> Optional[Tuple[Any, Any]]:
             return None
         inputs += ["", "", bias_name]  # MultiHeadAttention's inputs 3 and 4 (projection bias, padding mask) unused
     node = graph.onnx.helper.make_node("MultiHeadAttention", inputs, [name + "_output"], name=name,
-                                       domain=MICROSOFT, num_heads=query[1], scale=query_scale * key_scale)
+                                       domain=MICROSOFT, num_heads=query[1], scale=query_scale * key_scale * scores_scale)
     return node, flatten
 
 
-def _scores_and_bias(graph: _Graph, name: str) -> Tuple[Optional[Any], Optional[str]]:
-    """(the q.k MatMul, None) for name = MatMul(...), or (it, c) for name = MatMul(...) + c with c a constant
-    (a causal or other fixed mask); (None, None) otherwise."""
-    matmul = graph.made_by(name, "MatMul")
-    if matmul is not None:
-        return matmul, None
+def _scores_and_bias(graph: _Graph, name: str) -> Tuple[Optional[Any], Optional[str], float]:
+    """(the q.k MatMul, c, s) for name = MatMul(...) [* s] [+ c], with s a scalar constant (1 without the Mul or Div:
+    hand-written attention scales the scores, the exporter's SDPA scales q and k) and c a constant (a causal or
+    other fixed mask; None without the Add); (None, None, 1) otherwise."""
+    bias = None
     add = graph.made_by(name, "Add")
-    if add is None:
-        return None, None
-    for scores, constant in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
-        matmul = graph.made_by(scores, "MatMul")
-        if matmul is not None and graph.constant(constant) is not None:
-            return matmul, constant
-    return None, None
+    if add is not None:
+        for scores, constant in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
+            if graph.constant(constant) is not None and graph.constant(scores) is None:
+                name, bias = scores, constant
+                break
+        else:
+            return None, None, 1.0
+    scores, scale = _unscaled(graph, name)
+    matmul = graph.made_by(scores, "MatMul")
+    return (matmul, bias, scale) if matmul is not None else (None, None, 1.0)
 
 
 # An attention bias is stored expanded to (1 or batch, heads, queries, keys), the one shape every onnxruntime
