@@ -279,6 +279,8 @@ def _int8_or_fp32(int8: Artifact, fp32: Artifact, spec: Specialization, timing: 
         return _with_selection(fp32, dict(fp32_selection, why=why, **compared))
     why = "{}; {:.2f}x the fastest fp32 ({} {:.3g} ms)".format(int8_selection["why"], fp32_ms / int8_ms,
                                                               fp32.backend, fp32_ms)
+    step("int8 kept: {} {:.3g} ms, {:.2f}x the speed of the fastest fp32 ({} {:.3g} ms)".format(
+        int8.backend, int8_ms, fp32_ms / int8_ms, fp32.backend, fp32_ms))
     return _with_selection(int8, dict(int8_selection, why=why, **compared))
 
 

@@ -239,6 +239,8 @@ def test_auto_under_quantize_times_fp32_too_and_keeps_int8_only_when_faster(monk
     assert selection["fp32_medians_ms"] == {"a_slow": 4.0, "b_fast": 0.5}
     assert selection["why"] == words
     assert (words in lines) == (int8_backend == "a_slow")  # the export's progress says when int8 lost
+    kept_line = "int8 kept: b_fast 0.5 ms, 1.00x the speed of the fastest fp32 (b_fast 0.5 ms)"
+    assert (kept_line in lines) == (int8_backend == "b_fast")  # and how fast it is when it won
 
 
 def test_int8_and_fp32_winners_are_timed_against_each_other(monkeypatch, loop_spec):

@@ -136,6 +136,10 @@ def summary(artifact_record: Dict[str, Any]) -> Optional[str]:
         parts.append("weights {} -> {} bytes".format(weights.get("fp32_bytes"), weights.get("quantized_bytes")))
     if "float_ops" in record:
         parts.append("kept in float: " + float_ops_text(record["float_ops"]))
+    paired = (artifact_record.get("selection") or {}).get("head_to_head_ms")
+    if paired and paired.get("int8"):
+        parts.append("{:.2f}x the speed of fp32 ({:.3g} against {:.3g} ms, timed in turns)".format(
+            paired["fp32"] / paired["int8"], paired["int8"], paired["fp32"]))
     for output in record.get("accuracy", {}).get("outputs", []):
         parts.append("{}: max abs error {:.4g}, cosine {:.5f}{}".format(
             output["name"], output["max_abs_error"], output["cosine"],
