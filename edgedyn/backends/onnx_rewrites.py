@@ -243,8 +243,8 @@ def _past_same_shape_reshape(graph: _Graph, node: Optional[Any]) -> Optional[Any
 
 
 def _fuse_attention(graph: _Graph) -> int:
-    """Reshape(Transpose(MatMul(Softmax(MatMul(q*a, k^T*b) [* s or / (1/s)] [+ c]), v))) between per-head reshapes ->
-    Reshape(MultiHeadAttention(q, k, v, scale=a*b*s [, attention_bias=c]))."""
+    """Reshape(Transpose(MatMul(Softmax(MatMul(q*a, k^T*b) [* s] [+ c]), v))) between per-head reshapes (a, b, s
+    scalar constants, each a Mul or a Div) -> Reshape(MultiHeadAttention(q, k, v, scale=a*b*s [, attention_bias=c]))."""
     count = 0
     for softmax in [n for n in graph.graph.node if graph.is_op(n, "Softmax")]:
         fused = _attention_at(graph, softmax)
@@ -290,8 +290,9 @@ def _attention_at(graph: _Graph, softmax: Any) -> Optional[Tuple[Any, Any]]:
         if bias_name is None:
             return None
         inputs += ["", "", bias_name]  # MultiHeadAttention's inputs 3 and 4 (projection bias, padding mask) unused
+    scale = query_scale * key_scale * scores_scale
     node = graph.onnx.helper.make_node("MultiHeadAttention", inputs, [name + "_output"], name=name,
-                                       domain=MICROSOFT, num_heads=query[1], scale=query_scale * key_scale * scores_scale)
+                                       domain=MICROSOFT, num_heads=query[1], scale=scale)
     return node, flatten
 
 

@@ -183,7 +183,7 @@ def _rename_generated_initializers(exported: Any, optimized: Any) -> None:
     to replace the existing tensor", onnxruntime 1.32, the zoo's DistilBERT and Wav2Vec2).
     """
     graph = optimized.graph
-    if any(attribute.type in (attribute.GRAPH, attribute.GRAPHS) for node in graph.node for attribute in node.attribute):
+    if any(a.type in (a.GRAPH, a.GRAPHS) for node in graph.node for a in node.attribute):
         return  # a subgraph may read an initializer by name; such graphs are left as they are
     known = ({t.name for t in exported.graph.initializer} | {v.name for v in exported.graph.input}
              | {name for node in exported.graph.node for name in node.output})
