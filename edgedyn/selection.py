@@ -38,13 +38,17 @@ Progress = Callable[[str], None]
 class Timing:
     """How long `auto` measures each candidate: `rounds` rounds that take the verified candidates in turn (rotating
     who goes first), each a few warm-up runs, then timed runs until `seconds / rounds` have passed (at least
-    `min_runs`, at most `max_runs / rounds`); a candidate's time is the median over rounds of each round's median.
-    A candidate slower than `seconds` per call gets one timed run: it will not win, and untuned code must not make
-    an export take minutes. `clock` is read around each call (tests pass a fake one).
+    `min_runs`, at most `max_runs / rounds`); a candidate's time is its fastest round's median. A candidate slower
+    than `seconds` per call gets one timed run: it will not win, and untuned code must not make an export take
+    minutes. `clock` is read around each call (tests pass a fake one).
 
     Note: one pass per candidate, one after the other, measured zoo:resnet's TFLite at 0.102 ms in one export and
     0.059 ms in the next (onnxruntime 0.056 and 0.089 ms: a burst of other work on a shared 2-core host lands on
-    whichever candidate runs then); taking turns spreads such a burst over all of them."""
+    whichever candidate runs then); taking turns spreads such a burst over all of them. On that host such
+    stretches last seconds (2-thread runs at 1-thread speed) and only ever add time; the median of 3 rounds still
+    took the slow value when a stretch covered two of one candidate's rounds (benchmarks/speed.py's full run of
+    2026-12-01 19:02: the example MobileNetV2's fp32 TFLite read 0.341 ms in the export, 0.19-0.21 ms in other
+    runs, and onnxruntime's 0.223 ms won), so the fastest round decides."""
 
     warmup: int = 3  # including the first call
     min_runs: int = 5
@@ -216,7 +220,9 @@ def _timed_in_turns(executors: Dict[str, Any], spec: Specialization, timing: Tim
                 median = _attempt(name, lambda: _round_median_ms(calls[name], timing), rejected)
                 if median is not None:
                     per_round[name].append(median)
-    medians.update({name: percentile(per_round[name], 50) for name in turns if name not in rejected})
+    # The fastest round, not the median of rounds: a slow stretch of the machine only ever adds time, and a
+    # median takes the slow value whenever it covers most of one candidate's rounds (see Timing).
+    medians.update({name: min(per_round[name]) for name in turns if name not in rejected})
     return {name: medians[name] for name in executors if name in medians}
 
 

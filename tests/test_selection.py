@@ -208,6 +208,35 @@ def test_auto_keeps_the_fastest_by_the_clock_and_stops_timing_by_its_rules(monke
     assert _runs(CLOCK.order[7:]) == ["a_slow", "b_fast", "a_slow", "b_fast"]
 
 
+def test_a_slow_stretch_over_two_rounds_of_one_candidate_does_not_decide(monkeypatch, loop_spec):
+    """b_fast (0.5 ms) runs 10x slower in two of its three rounds, as when the machine slows for a few seconds;
+    d_mid (3 ms) is never slowed. The median of b's rounds (5 ms) would lose to d_mid; its fastest round wins."""
+    import edgedyn.selection as selection
+
+    spec, program = loop_spec
+    board = load_board("x86-64")
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch, "b_fast", "d_mid")
+    monkeypatch.setattr(CLOCK, "order", [])
+    real_round = selection._round_median_ms
+    rounds_run = []  # type: List[str]
+
+    def stretch(call, timing):  # type: ignore[no-untyped-def]
+        start = len(CLOCK.order)
+        median = real_round(call, timing)
+        rounds_run.append(CLOCK.order[start])
+        slowed = rounds_run[-1] == "b_fast" and rounds_run.count("b_fast") <= 2
+        return median * (10.0 if slowed else 1.0)
+
+    monkeypatch.setattr(selection, "_round_median_ms", stretch)
+    timing = Timing(warmup=1, min_runs=3, max_runs=9, seconds=0.03, rounds=3, clock=CLOCK)
+    artifact = choose("auto", program, board, board.target("cpu"), spec, timing=timing)
+    assert rounds_run.count("b_fast") == rounds_run.count("d_mid") == 3
+    assert artifact.meta["selection"]["medians_ms"] == {"b_fast": 0.5, "d_mid": 3.0}
+    assert artifact.backend == "b_fast"
+
+
 def _runs(order: List[str]) -> List[str]:
     """The order of calls with consecutive calls of one candidate collapsed into one entry."""
     return [name for index, name in enumerate(order) if index == 0 or order[index - 1] != name]
