@@ -31,23 +31,29 @@ def _rewrites(path: Path) -> Dict[str, int]:
     return rt.read_manifest(path)["specializations"][0]["artifacts"][-1]["onnx_rewrites"]
 
 
+def _counts(zero_adds: int, guards: int, fused: int, masks: int = 0) -> Dict[str, int]:
+    """The manifest's `onnx_rewrites` counts."""
+    return {"boolean_masks_made_minus_inf": masks, "zero_adds_removed": zero_adds,
+            "softmax_nan_guards_removed": guards, "attention_fused": fused}
+
+
 @pytest.mark.parametrize("name, expected", [
     # ViT: no mask (the exporter's all-zero one is dropped), so nothing feeds the softmax but q.k
-    ("vit", {"zero_adds_removed": 2, "softmax_nan_guards_removed": 2, "attention_fused": 2}),
+    ("vit", _counts(zero_adds=2, guards=2, fused=2)),
     # GPT-2: a causal mask of float32's lowest value (finite), fused as the node's attention_bias
-    ("gpt2", {"zero_adds_removed": 0, "softmax_nan_guards_removed": 2, "attention_fused": 2}),
+    ("gpt2", _counts(zero_adds=0, guards=2, fused=2)),
     # DistilBERT and Wav2Vec2: as ViT; their offline-optimized files once failed to load at the board's level (the
     # backend then shipped the unoptimized export, unfused) until onnxruntime's generated initializers were renamed
-    ("distilbert", {"zero_adds_removed": 2, "softmax_nan_guards_removed": 2, "attention_fused": 2}),
-    ("wav2vec2", {"zero_adds_removed": 2, "softmax_nan_guards_removed": 2, "attention_fused": 2}),
+    ("distilbert", _counts(zero_adds=2, guards=2, fused=2)),
+    ("wav2vec2", _counts(zero_adds=2, guards=2, fused=2)),
     # Whisper's encoder: q scaled before the head split, no NaN guard, a Reshape to the same shape after the context
-    ("whisper_encoder", {"zero_adds_removed": 0, "softmax_nan_guards_removed": 0, "attention_fused": 2}),
+    ("whisper_encoder", _counts(zero_adds=0, guards=0, fused=2)),
     # Swin and SegFormer: their single-head stages come out of onnxruntime's basic pass with k^T as a Transpose of
     # k's (B, S, 1, Dh) split; SegFormer's keys are a reduced sequence (64 keys for 256 queries)
-    ("swin", {"zero_adds_removed": 2, "softmax_nan_guards_removed": 0, "attention_fused": 2}),
-    ("segformer", {"zero_adds_removed": 0, "softmax_nan_guards_removed": 0, "attention_fused": 2}),
+    ("swin", _counts(zero_adds=2, guards=0, fused=2)),
+    ("segformer", _counts(zero_adds=0, guards=0, fused=2)),
     # MobileViT: attention over patches (batch 4), the scores divided by sqrt(head size)
-    ("mobilevit", {"zero_adds_removed": 0, "softmax_nan_guards_removed": 0, "attention_fused": 9}),
+    ("mobilevit", _counts(zero_adds=0, guards=0, fused=9)),
 ])
 def test_zoo_attention_becomes_one_node_per_layer_and_matches_torch(name: str, expected: Dict[str, int],
                                                                     tmp_path: Path) -> None:
@@ -97,28 +103,53 @@ class _MaskedAttention:
 
 
 def test_attention_with_a_mask_input_keeps_the_nan_guard_and_matches_torch(tmp_path: Path) -> None:
-    """A mask given at run time could hide whole rows: the guard over its softmax stays, nothing is fused, and
-    partly masked rows equal torch's.
+    """A mask given at run time could hide whole rows: the guard over its softmax stays, nothing is fused, and every
+    row equals torch's, a row with every key hidden included (zeros in torch).
 
-    Note: torch 2.13's ONNX exporter turns a boolean mask into an additive one of float32's lowest value, not
-    -inf, so a row with every key hidden comes out as the mean of the values, where torch eager gives zeros;
-    that row is left out of the comparison (the exporter's behaviour, with or without these rewrites)."""
+    torch 2.13's ONNX exporter turns the boolean mask into an additive one of float32's lowest value, where torch
+    uses -inf; such a row then came out as the mean of the values until the backend made that value -inf."""
     import torch
 
     model = _MaskedAttention.build()
     mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
     path = edgedyn.export(model, (torch.randn(1, 8, 32), mask), board="x86-64", backend="onnxruntime",
                           output=tmp_path / "masked.edgedyn")
-    assert _rewrites(path)["softmax_nan_guards_removed"] == 0 and _rewrites(path)["attention_fused"] == 0
+    assert _rewrites(path) == _counts(zero_adds=0, guards=0, fused=0, masks=1)
     assert "IsNaN" in _graph_ops(path)
     rng = np.random.default_rng(FRESH_SEED)
     x = torch.from_numpy(rng.standard_normal((1, 8, 32)).astype(np.float32))
     partial = torch.from_numpy(rng.random((1, 1, 8, 8)) < 0.6)
-    partial[..., 0] = True  # every query sees at least one key
+    partial[..., 0] = True
+    partial[0, 0, 5, :] = False  # query 5 sees no key
     with torch.no_grad():
         expected = model(x, partial).numpy()
+    assert not expected[0, 5].any() and np.abs(expected[0, 4]).max() > 0.1
     actual = rt.load(path)(x.numpy(), partial.numpy())
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+
+
+def test_a_lowest_value_mask_that_also_feeds_something_else_stays() -> None:
+    """Where(mask, 0, lowest) read by anything but an Add into a guarded softmax keeps float32's lowest value:
+    -inf could reach an output there."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgedyn.backends.onnx_rewrites import FLOAT32_LOWEST, rewrite
+
+    constants = [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                 numpy_helper.from_array(np.array(FLOAT32_LOWEST, np.float32), "lowest")]
+    nodes = [helper.make_node("Where", ["mask", "zero", "lowest"], ["additive"]),
+             helper.make_node("Add", ["scores", "additive"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+             helper.make_node("IsNaN", ["p"], ["nan"]),
+             helper.make_node("Where", ["nan", "zero", "p"], ["guarded"]),
+             helper.make_node("Mul", ["additive", "scores"], ["elsewhere"])]
+    inputs = [helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 4, 4]),
+              helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4, 4])]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4, 4]) for name in ("guarded", "elsewhere")]
+    model, counts = rewrite(onnx, _tiny_model(onnx, nodes, inputs, outputs, constants))
+    assert counts["boolean_masks_made_minus_inf"] == 0
+    assert [n.input[2] for n in model.graph.node if n.op_type == "Where"][0] == "lowest"
 
 
 @pytest.mark.parametrize("heads", [1, 4])
@@ -176,7 +207,7 @@ def test_a_zero_add_that_widens_its_input_or_is_a_graph_output_stays() -> None:
              helper.make_node("Add", ["x", "zeros"], ["inner"]),          # the identity: removed
              helper.make_node("Relu", ["inner"], ["same"])]
     model, counts = rewrite(onnx, _tiny_model(onnx, nodes, [x], [widened, kept, same], [zeros_wide, zeros]))
-    assert counts == {"zero_adds_removed": 1, "softmax_nan_guards_removed": 0, "attention_fused": 0}
+    assert counts == _counts(zero_adds=1, guards=0, fused=0)
     assert [n.op_type for n in model.graph.node] == ["Add", "Add", "Relu"]
     assert model.graph.node[2].input[0] == "x"
 

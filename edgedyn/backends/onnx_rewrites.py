@@ -9,7 +9,9 @@ guard alone cost 8-10% of the model, and the per-head Reshape/Transpose chains a
 com.microsoft.MultiHeadAttention (one kernel, parallel over heads, on onnxruntime's CPU and CUDA providers; any
 other provider leaves the node to them) runs without.
 
-Each rewrite keeps the graph's results: an Add of exact zeros is the identity (up to the sign of a zero), the NaN
+A boolean mask given as an input is written as an additive one of float32's lowest value instead of torch's -inf;
+it is made -inf where only guarded softmaxes read it, which changes fully masked rows only, to torch's zeros.
+Every other rewrite keeps the graph's results: an Add of exact zeros is the identity (up to the sign of a zero), the NaN
 guard can only act when a softmax row is all -inf, which needs an additive mask holding -inf (the rewrite keeps
 every guard whose softmax sees anything but a MatMul plus finite constants), and the fused node computes the same
 products. The export verifies the rewritten file against torch eager like any other.
@@ -99,7 +101,8 @@ def rewrite(onnx: Any, model: Any) -> Tuple[Any, Dict[str, int]]:
     """The model with the rewrites above applied, and how often each applied (the manifest's `onnx_rewrites`)."""
     graph = _Graph(onnx, model)
     counts = {}  # type: Dict[str, int]
-    for key, apply in (("zero_adds_removed", _drop_zero_adds), ("softmax_nan_guards_removed", _drop_softmax_nan_guards),
+    for key, apply in (("boolean_masks_made_minus_inf", _boolean_masks_to_minus_inf),
+                       ("zero_adds_removed", _drop_zero_adds), ("softmax_nan_guards_removed", _drop_softmax_nan_guards),
                        ("attention_fused", _fuse_attention)):
         counts[key] = apply(graph)
         _prune(graph)  # the next rewrite must not see the dead nodes as consumers
@@ -122,6 +125,50 @@ def _bypass(graph: _Graph, node: Any, kept_input: str) -> bool:
                 user.input[index] = kept_input
     graph.refresh()
     return True
+
+
+FLOAT32_LOWEST = float(np.finfo(np.float32).min)
+
+
+def _boolean_masks_to_minus_inf(graph: _Graph) -> int:
+    """Where(mask, 0, lowest) -> Where(mask, 0, -inf) when every reader adds it to scores whose softmax has the
+    NaN guard.
+
+    torch's exporter writes a boolean attention mask as an additive one of float32's lowest value, where torch
+    uses -inf: a query whose keys are all masked then gets the mean of the values (a uniform softmax) instead of
+    torch's zeros (its softmax is NaN there, and the guard the exporter also writes makes that 0). With -inf the
+    guard acts as in torch; every other row is unchanged, exp(lowest - max) and exp(-inf) both being 0.
+    """
+    from onnx import numpy_helper
+
+    count = 0
+    for node in list(graph.graph.node):
+        if not graph.is_op(node, "Where") or len(node.input) != 3 or graph.constant(node.input[0]) is not None:
+            continue
+        if graph.scalar(node.input[1]) != 0.0 or graph.scalar(node.input[2]) != FLOAT32_LOWEST:
+            continue
+        if graph.is_output(node.output[0]) or not all(
+                _feeds_a_guarded_softmax(graph, user) for user in graph.consumers.get(node.output[0], [])):
+            continue
+        name = "{}_minus_inf".format(node.output[0])
+        graph.graph.initializer.append(numpy_helper.from_array(np.array(-np.inf, np.float32), name))
+        node.input[2] = name
+        count += 1
+    graph.refresh()
+    return count
+
+
+def _feeds_a_guarded_softmax(graph: _Graph, add: Any) -> bool:
+    """Whether `add` is an Add read only by a Softmax whose readers are exactly Where(IsNaN(p), 0, p)."""
+    softmax = graph.only_consumer(add.output[0]) if graph.is_op(add, "Add") else None
+    if not graph.is_op(softmax, "Softmax") or graph.is_output(softmax.output[0]):
+        return False
+    probabilities = softmax.output[0]
+    readers = graph.consumers.get(probabilities, [])
+    is_nan = [r for r in readers if graph.is_op(r, "IsNaN")]
+    guards = [r for r in readers if graph.is_op(r, "Where") and len(r.input) == 3 and r.input[2] == probabilities
+              and graph.scalar(r.input[1]) == 0.0 and is_nan and r.input[0] == is_nan[0].output[0]]
+    return len(readers) == 2 and len(is_nan) == 1 and len(guards) == 1
 
 
 def _drop_zero_adds(graph: _Graph) -> int:
