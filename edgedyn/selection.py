@@ -198,8 +198,8 @@ def _measured(build: Callable[[str], Artifact], board: Board, spec: Specializati
 
 def _timed_in_turns(executors: Dict[str, Any], spec: Specialization, timing: Timing,
                     rejected: Dict[str, str]) -> Dict[str, float]:
-    """Each open executor's median milliseconds per call on the example inputs, all of them timed in turns (see
-    Timing); one that fails while being timed goes to `rejected`."""
+    """Each open executor's milliseconds per call on the example inputs (its fastest round's median), all of them
+    timed in turns (see Timing); one that fails while being timed goes to `rejected`."""
     inputs = _example_arrays(spec)
     calls = {name: (lambda executor=executor: executor.run(inputs)) for name, executor in executors.items()}
     medians = {}  # type: Dict[str, float]

@@ -59,10 +59,8 @@ def _key_heads(graph: Graph, name: str) -> Optional[Tuple[str, int, int]]:
     transpose = graph.made_by(name, "Transpose", KEY_PERM)
     if transpose is not None:
         inner = transpose.input[0]
-        reshape = graph.made_by(inner, "Reshape")
-        if reshape is not None and graph.shapes.get(reshape.input[0]) == graph.shapes.get(inner):
-            inner = reshape.input[0]
-        return _heads(graph, inner)
+        reshape = graph.producer.get(inner)
+        return _heads(graph, reshape.input[0] if graph.keeps_shape(reshape) else inner)
     transpose = graph.made_by(name, "Transpose", SPLIT_KEY_PERM)
     split = None if transpose is None else graph.shapes.get(transpose.input[0])
     reshape = None if transpose is None else graph.made_by(transpose.input[0], "Reshape")
@@ -82,10 +80,7 @@ def _key_heads(graph: Graph, name: str) -> Optional[Tuple[str, int, int]]:
 def _past_same_shape_reshape(graph: Graph, node: Optional[Any]) -> Optional[Any]:
     """The only reader of node's output when node is a Reshape that keeps its input's shape (Whisper's attention
     writes one between the context MatMul and the head merge), else node."""
-    if graph.is_op(node, "Reshape") and graph.shapes.get(node.input[0]) is not None \
-            and graph.shapes.get(node.input[0]) == graph.shapes.get(node.output[0]):
-        return graph.only_consumer(node.output[0])
-    return node
+    return graph.only_consumer(node.output[0]) if graph.keeps_shape(node) else node
 
 
 def fuse_attention(graph: Graph) -> int:

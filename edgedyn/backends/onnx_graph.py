@@ -56,6 +56,11 @@ class Graph:
         users = self.consumers.get(name, [])
         return users[0] if len(users) == 1 and not self.is_output(name) else None
 
+    def keeps_shape(self, node: Optional[Any]) -> bool:
+        """Whether node is a Reshape whose output has its input's (known) shape."""
+        return (self.is_op(node, "Reshape") and self.shapes.get(node.input[0]) is not None
+                and self.shapes.get(node.input[0]) == self.shapes.get(node.output[0]))
+
     def is_op(self, node: Optional[Any], op_type: str, perm: Optional[List[int]] = None) -> bool:
         """Whether node is a standard-domain op_type (with this `perm`, for a Transpose)."""
         return (node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")

@@ -79,23 +79,31 @@ def _boolean_masks_to_minus_inf(graph: Graph) -> int:
             continue
         name = "{}_minus_inf".format(node.output[0])
         graph.graph.initializer.append(numpy_helper.from_array(np.array(-np.inf, np.float32), name))
-        node.input[2] = name
+        node.input[2] = name  # the old constant's readers change; prune, after each rewrite, refreshes them
         count += 1
-    graph.refresh()
     return count
 
 
 def _feeds_a_guarded_softmax(graph: Graph, add: Any) -> bool:
-    """Whether `add` is an Add read only by a Softmax whose readers are exactly Where(IsNaN(p), 0, p)."""
+    """Whether `add` is an Add read only by a Softmax whose readers are exactly its NaN guard and the guard's IsNaN."""
     softmax = graph.only_consumer(add.output[0]) if graph.is_op(add, "Add") else None
     if not graph.is_op(softmax, "Softmax") or graph.is_output(softmax.output[0]):
         return False
-    probabilities = softmax.output[0]
-    readers = graph.consumers.get(probabilities, [])
-    is_nan = [r for r in readers if graph.is_op(r, "IsNaN")]
-    guards = [r for r in readers if graph.is_op(r, "Where") and len(r.input) == 3 and r.input[2] == probabilities
-              and graph.scalar(r.input[1]) == 0.0 and is_nan and r.input[0] == is_nan[0].output[0]]
-    return len(readers) == 2 and len(is_nan) == 1 and len(guards) == 1
+    readers = graph.consumers.get(softmax.output[0], [])
+    guards = [reader for reader in readers if _guarded_softmax(graph, reader) is softmax]
+    return len(readers) == 2 and len(guards) == 1  # the other reader is the guard's IsNaN
+
+
+def _guarded_softmax(graph: Graph, node: Any) -> Any:
+    """The Softmax whose NaN guard node is, for node = Where(IsNaN(p), 0, p) with p = Softmax(...), else None."""
+    if not graph.is_op(node, "Where") or len(node.input) != 3:
+        return None
+    condition, zero, probabilities = node.input
+    is_nan = graph.made_by(condition, "IsNaN")
+    softmax = graph.made_by(probabilities, "Softmax")
+    if is_nan is None or softmax is None or is_nan.input[0] != probabilities or graph.scalar(zero) != 0.0:
+        return None
+    return softmax
 
 
 def _drop_zero_adds(graph: Graph) -> int:
@@ -120,14 +128,9 @@ def _drop_softmax_nan_guards(graph: Graph) -> int:
     """Where(IsNaN(p), 0, p) with p = Softmax(MatMul(...) [+ finite constants])."""
     count = 0
     for node in list(graph.graph.node):
-        if not graph.is_op(node, "Where") or len(node.input) != 3:
-            continue
-        condition, zero, probabilities = node.input
-        is_nan = graph.made_by(condition, "IsNaN")
-        softmax = graph.made_by(probabilities, "Softmax")
-        if is_nan is None or softmax is None or is_nan.input[0] != probabilities or graph.scalar(zero) != 0.0:
-            continue
-        if _rows_cannot_be_all_minus_inf(graph, softmax.input[0]) and _bypass(graph, node, probabilities):
+        softmax = _guarded_softmax(graph, node)
+        if softmax is not None and _rows_cannot_be_all_minus_inf(graph, softmax.input[0]) \
+                and _bypass(graph, node, softmax.output[0]):
             count += 1
     return count
 
