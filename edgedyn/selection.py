@@ -6,8 +6,9 @@
   fastest that verified ("measured");
 - for another board, takes the first backend of the board file's `backends.preference` that builds (and, when
   its artifact runs here too, verifies) ("board preference").
-With `quantization` (--quantize), only backends with int8 kernels are built (edgedyn/quantize/__init__.py), and
-a candidate is checked for sanity against torch eager (cosine), not for float equality: the accuracy gate runs after.
+With `quantization` (--quantize), only backends with int8 kernels are built (edgedyn/quantize/__init__.py); a
+candidate is checked for sanity against torch eager (cosine), not for float equality, then held to the accuracy gate
+on the held-out split: one that misses is dropped with its numbers, and the fastest that passes is kept.
 Measured here, the fp32 candidates are timed too, and the fp32 winner is kept when int8 is not faster (by
 FP32_MUST_BEAT_INT8), saying so: int8 that costs time is no gain.
 The choice and its reasons go into the artifact's manifest entry as `selection`.
@@ -164,6 +165,7 @@ def _measured(build: Callable[[str], Artifact], board: Board, spec: Specializati
               timing: Timing, quantization: Optional[Any]) -> Artifact:
     verified = {}  # type: Dict[str, Artifact]
     rejected = {}  # type: Dict[str, str]
+    missed = []  # type: List[str]  # int8 candidates that ran but missed the accuracy gate
     with contextlib.ExitStack() as stack:  # each verified executor stays open to be timed
         executors = {}  # type: Dict[str, Any]
         for name in candidates(board, quantization):
@@ -176,10 +178,13 @@ def _measured(build: Callable[[str], Artifact], board: Board, spec: Specializati
             if executor is None:
                 step("{}: rejected ({})".format(name, rejected[name]))
                 continue
+            if not _passes_gate(quantization, name, executor, rejected, step):
+                missed.append(name)
+                continue
             step("{}: verified".format(name))
             verified[name], executors[name] = artifact, executor
         if not verified:
-            raise _nothing_built(spec, board, rejected)
+            raise _gate_missed(spec, rejected, missed) if missed else _nothing_built(spec, board, rejected)
         medians = _timed_in_turns(executors, spec, timing, rejected)
     if not medians:
         raise _nothing_built(spec, board, rejected)
@@ -296,6 +301,7 @@ def _by_preference(build: Callable[[str], Artifact], board: Board, target: Targe
     if quantization is not None and not order:  # the board prefers none with int8 kernels: try those anyway
         order = candidates(board, quantization)
     rejected = {}  # type: Dict[str, str]
+    missed = []  # type: List[str]
     for name in order:
         step("building {} with {} for {} ({})".format(spec.name, name, target.name, board.name))
         artifact = _attempt(name, lambda: build(name), rejected)
@@ -303,13 +309,20 @@ def _by_preference(build: Callable[[str], Artifact], board: Board, target: Targe
             step("{}: skipped ({})".format(name, rejected[name]))
             continue
         verified = artifact.arch in (None, host_arch())
-        # An artifact this machine can run is checked here; one that fails is never chosen.
-        if verified and _attempt(name, lambda: _verify(artifact, spec), rejected) is None:
-            step("{}: rejected ({})".format(name, rejected[name]))
-            continue
+        # An artifact this machine can run is checked here (int8: against the gate too); one that fails is never
+        # chosen.
+        if verified:
+            with contextlib.ExitStack() as stack:
+                executor = _attempt(name, lambda: _open_checked(stack, artifact, spec), rejected)
+                if executor is None:
+                    step("{}: rejected ({})".format(name, rejected[name]))
+                    continue
+                if not _passes_gate(quantization, name, executor, rejected, step):
+                    missed.append(name)
+                    continue
         return _with_selection(artifact, {"mode": "board preference", "order": list(board.backends),
                                           "chosen": name, "rejected": rejected, "verified_on_host": verified})
-    raise _nothing_built(spec, board, rejected)
+    raise _gate_missed(spec, rejected, missed) if missed else _nothing_built(spec, board, rejected)
 
 
 def _attempt(name: str, work: Callable[[], Any], rejected: Dict[str, str]) -> Any:
@@ -376,6 +389,34 @@ def _check_quantized(artifact: Artifact, outputs: List[np.ndarray], expected: Li
         if not np.all(np.isfinite(got)) or cosine < SANITY_COSINE:
             raise BackendError("{} (int8) output {} has cosine {:.3f} to torch eager, below {}: a broken "
                                "artifact, not int8 rounding".format(artifact.backend, index, cosine, SANITY_COSINE))
+
+
+def _passes_gate(quantization: Optional[Any], name: str, executor: Any, rejected: Dict[str, str],
+                 step: Progress) -> bool:
+    """For an int8 candidate: whether it meets the accuracy gate on the held-out split (quantize/plan.py); a miss
+    goes to `rejected` with its numbers. Note: checked per candidate, not only on the winner, because the fastest
+    int8 artifact is not always the most accurate (the zoo's MobileViT: TFLite's full-integer graph 0.955, the
+    onnxruntime dynamic-int8 one 0.9997); one that misses must cost the user neither the export nor the others."""
+    held_out = getattr(quantization, "held_out", None)
+    if held_out is None:
+        return True
+    if _attempt(name, lambda: held_out(name, executor.run), rejected) is None:
+        # The record goes into a bundle that may well be written (with another candidate): no "no bundle" in it.
+        rejected[name] = rejected[name].replace("; no bundle was written", "")
+        step("{}: rejected ({})".format(name, rejected[name]))
+        return False
+    return True
+
+
+def _gate_missed(spec: Specialization, rejected: Dict[str, str], missed: List[str]) -> EdgedynError:
+    """Every int8 candidate that ran missed the accuracy gate: each one's numbers (and why the others did not
+    build), with the gate's hint."""
+    from edgedyn.quantize.accuracy import GATE_MISS_HINT
+
+    others = ["{}: {}".format(name, reason) for name, reason in rejected.items() if name not in missed]
+    misses = " | ".join(rejected[name] for name in missed)
+    return EdgedynError("no int8 candidate for {} meets the accuracy gate: {}{}; no bundle was written".format(
+        spec.name, misses, "; not built: " + "; ".join(others) if others else ""), hint=GATE_MISS_HINT)
 
 
 def _with_selection(artifact: Artifact, selection: Dict[str, Any]) -> Artifact:

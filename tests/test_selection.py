@@ -305,6 +305,71 @@ def test_int8_and_fp32_winners_are_timed_against_each_other(monkeypatch, loop_sp
     assert artifact.backend == "d_mid" and recorded["why"].startswith("int8 is not faster here")
 
 
+def _gate_of(cosines: Dict[str, float], calls: List[str]) -> Any:
+    """A held-out check (quantize/plan.py's HeldOut.check) that gives each stand-in int8 backend a fixed cosine
+    and fails, with the number, the ones below 0.99; `calls` records whom it measured."""
+    def held_out(backend: str, run: Any) -> List[Dict[str, Any]]:
+        assert run([np.ones((2, 3), np.float32), np.asarray(4)])  # the candidate's own executor
+        calls.append(backend)
+        if cosines[backend] < 0.99:
+            raise EdgedynError("the quantized model misses the default accuracy gate of --quantize (cosine=0.99) "
+                               "on x ({}): y cosine {} < 0.99; no bundle was written".format(backend,
+                                                                                          cosines[backend]))
+        return [{"name": "y", "cosine": cosines[backend]}]
+
+    return held_out
+
+
+def test_auto_drops_an_int8_candidate_that_misses_the_gate_and_keeps_the_fastest_that_meets_it(monkeypatch,
+                                                                                                 loop_spec):
+    from edgedyn.quantize import Quantization
+
+    spec, program = loop_spec
+    board = load_board("x86-64")
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch)
+    for name in ("a_slow", "b_fast"):
+        monkeypatch.setitem(BACKENDS, name, _stand_in(name, name, quantizes=True))
+    calls = []  # type: List[str]
+    quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]],
+                                held_out=_gate_of({"b_fast": 0.95, "a_slow": 0.995}, calls))
+    timing = Timing(warmup=1, min_runs=3, max_runs=5, seconds=0.032, clock=CLOCK)
+    lines = []  # type: List[str]
+    artifact = choose("auto", program, board, board.target("cpu"), spec, progress=lines.append, timing=timing,
+                      quantization=quantization)
+    recorded = artifact.meta["selection"]
+    assert sorted(calls) == ["a_slow", "b_fast"]  # every int8 candidate, fp32 ones never
+    assert recorded["int8_medians_ms"] == {"a_slow": 4.0}  # the faster b_fast was never timed as int8
+    assert recorded["int8_rejected"] == {"b_fast": "the quantized model misses the default accuracy gate of "
+                                                   "--quantize (cosine=0.99) on x (b_fast): y cosine 0.95 < 0.99"}
+    assert any(line.startswith("b_fast: rejected (the quantized model misses") for line in lines)
+    # int8 a_slow (4 ms) against fp32 b_fast (0.5 ms): the fp32 artifact is kept, and says why.
+    assert artifact.backend == "b_fast" and recorded["why"].startswith("int8 is not faster here")
+
+
+def test_when_every_int8_candidate_misses_the_gate_the_error_gives_each_ones_numbers(monkeypatch, loop_spec):
+    from edgedyn.quantize import Quantization
+
+    spec, program = loop_spec
+    board = load_board("x86-64")
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch, "cannot_express")
+    for name in ("a_slow", "b_fast", "cannot_express"):
+        monkeypatch.setitem(BACKENDS, name, _stand_in(name, name, quantizes=True))
+    quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]],
+                                held_out=_gate_of({"b_fast": 0.95, "a_slow": 0.9}, []))
+    with pytest.raises(EdgedynError) as raised:
+        choose("auto", program, board, board.target("cpu"), spec, timing=FAST, quantization=quantization)
+    message = raised.value.message
+    assert message.startswith("no int8 candidate for {} meets the accuracy gate: ".format(spec.name))
+    assert "(a_slow): y cosine 0.9 < 0.99" in message and "(b_fast): y cosine 0.95 < 0.99" in message
+    assert "not built: cannot_express: cannot express aten.mul.Tensor" in message
+    assert message.endswith("; no bundle was written") and message.count("no bundle was written") == 1
+    assert "--max-accuracy-drop" in raised.value.hint
+
+
 def test_why_names_each_loser_and_how_much_slower():
     from edgedyn.selection import _why
 

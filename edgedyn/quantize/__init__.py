@@ -13,7 +13,7 @@ not as a pass over the ATen graph. Why each path:
   the backends that can.
 """
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 
@@ -32,6 +32,10 @@ class Quantization:
     source: str = ""
     # The cosine to torch eager the backend aims for while choosing what to keep in float (the gate's bound).
     target_cosine: float = 0.99
+    # `held_out(backend, run)`: the gate on the held-out split (quantize/plan.py's HeldOut.check), raising
+    # EdgedynError with the numbers on a miss; `auto` drops a candidate that misses and keeps the fastest that passes.
+    held_out: Optional[Callable[[str, Callable[[List[np.ndarray]], List[Any]]], Any]] = field(
+        default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_mode(self.mode)

@@ -26,6 +26,8 @@ MIN_EVAL_SAMPLES = 32
 # step of a wide activation, propagated through a small net, stays well below it, and a wrong kernel or layout
 # is O(1). Used by edgedyn/runtime/program.py through the artifact's `tolerance`.
 INT8_TOLERANCE = {"rtol": 0.02, "atol": 1e-5}
+GATE_MISS_HINT = ("calibrate with more representative data, try --quantize int8-weights or another --backend, or "
+                  "accept less with --max-accuracy-drop (e.g. cosine=0.95)")
 # A candidate of `auto` is rejected as broken (not as inaccurate) below this cosine to the float reference.
 SANITY_COSINE = 0.9
 
@@ -117,5 +119,4 @@ def check(gate: Optional[Gate], outputs: List[Dict[str, Any]], where: str) -> No
         raise EdgedynError("the quantized model misses {} on {}: {} (measured on {} held-out sample(s): {}); no "
                            "bundle was written".format(bound, where, "; ".join(misses), outputs[0]["samples"],
                                                        measured),
-                           hint="calibrate with more representative data, try --quantize int8-weights or another "
-                                "--backend, or accept less with --max-accuracy-drop (e.g. cosine=0.95)")
+                           hint=GATE_MISS_HINT)

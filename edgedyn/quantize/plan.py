@@ -1,7 +1,7 @@
 """What `edgedyn.export(..., quantize=...)` does around the backends: check the request before any work, hand each
 specialization its calibration batches, then measure the quantized artifact against torch eager and apply the gate.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -23,15 +23,25 @@ class Plan:
     calibration: Optional[calibration_data.Samples]
     evaluation: Optional[calibration_data.Samples]
     gate: Optional[Gate]
+    # One HeldOut per specialization name: torch eager runs once on its held-out batches, however many candidates
+    # are measured against them.
+    _held_out: Dict[str, "HeldOut"] = field(default_factory=dict, compare=False, repr=False)
 
     def quantization(self, spec: Any) -> Quantization:
-        """The backend's input for one specialization: calibration batches of its shapes."""
+        """The backend's input for one specialization: calibration batches of its shapes, and the held-out check
+        with which `auto` drops a candidate that misses the gate (and keeps the fastest one that passes)."""
         batches = []  # type: List[List[np.ndarray]]
         if self.mode == "int8" and self.calibration is not None:
             batches = calibration_data.batches(self.calibration, *_shapes(spec), names=spec.tensor_inputs)
         gate = self.gate if self.gate is not None and self.gate.min_cosine is not None else DEFAULT_GATE
         return Quantization(mode=self.mode, calibration=batches, target_cosine=gate.min_cosine,
-                            source=self.calibration.source if self.calibration else "")
+                            source=self.calibration.source if self.calibration else "",
+                            held_out=self.held_out(spec).check)
+
+    def held_out(self, spec: Any) -> "HeldOut":
+        if spec.name not in self._held_out:
+            self._held_out[spec.name] = HeldOut(self, spec)
+        return self._held_out[spec.name]
 
     def evaluation_batches(self, spec: Any) -> Tuple[List[List[np.ndarray]], str]:
         if self.evaluation is None:  # int8-weights without data: the example inputs are all there is
@@ -72,25 +82,18 @@ def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]
 
     `run` runs the artifact on flat inputs (the exporter opens its executor: this package sits below the backends).
     """
-    import torch
-
     from edgedyn.runtime.format import pack_arrays
 
     if "quantization" not in artifact.meta:
         return artifact  # `auto` kept fp32, faster here than every int8 candidate (its selection says so)
-    batches, source = plan.evaluation_batches(spec)
-    module = spec.program.module()
-    with torch.no_grad():
-        want = [[o.detach().numpy() for o in module(*[torch.from_numpy(a) for a in batch])] for batch in batches]
-    got = [[np.asarray(o) for o in run(batch)] for batch in batches]
+    held_out = plan.held_out(spec)
+    outputs = held_out.measure(run)
     expected = run([np.ascontiguousarray(t.numpy()) for t in spec.example_tensors])
-    outputs = [dict(output_metrics([g[i] for g in got], [w[i] for w in want]), name=spec.output_names[i])
-               for i in range(len(want[0]))]
     record = dict(artifact.meta["quantization"])
     record["calibration"] = {"source": plan.calibration.source if plan.calibration else None,
                              "batches": len(plan.quantization(spec).calibration) if plan.mode == "int8" else 0}
-    record["accuracy"] = {"reference": "torch eager (float32)", "inputs": source, "batches": len(batches),
-                          "outputs": outputs}
+    record["accuracy"] = {"reference": "torch eager (float32)", "inputs": held_out.source,
+                          "batches": len(held_out.batches), "outputs": outputs}
     record["accuracy"]["gate"] = (plan.gate or DEFAULT_GATE).to_dict()
     record["accuracy"]["gate_source"] = "--max-accuracy-drop" if plan.gate is not None else "default"
     samples = outputs[0]["samples"] if outputs else 0
@@ -107,6 +110,40 @@ def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]
         {"output.{}".format(i): np.asarray(a) for i, a in enumerate(expected)})})
     artifact.file_names = dict(artifact.file_names, **{EXPECTED_ROLE: "expected.npz"})
     return artifact
+
+
+class HeldOut:
+    """One specialization's held-out batches and torch eager's outputs on them (computed on first use, once):
+    measures a quantized artifact's outputs against them and applies the gate."""
+
+    def __init__(self, plan: Plan, spec: Any) -> None:
+        self._plan = plan
+        self._spec = spec
+        self.batches, self.source = plan.evaluation_batches(spec)
+        self._want = None  # type: Optional[List[List[np.ndarray]]]
+
+    def _reference(self) -> List[List[np.ndarray]]:
+        if self._want is None:
+            import torch
+
+            module = self._spec.program.module()
+            with torch.no_grad():
+                self._want = [[o.detach().numpy() for o in module(*[torch.from_numpy(a) for a in batch])]
+                              for batch in self.batches]
+        return self._want
+
+    def measure(self, run: Callable[[List[np.ndarray]], List[np.ndarray]]) -> List[Dict[str, Any]]:
+        """Per output: the accuracy record (accuracy.output_metrics) of `run` against torch eager."""
+        want = self._reference()
+        got = [[np.asarray(o) for o in run(batch)] for batch in self.batches]
+        return [dict(output_metrics([g[i] for g in got], [w[i] for w in want]), name=self._spec.output_names[i])
+                for i in range(len(want[0]))]
+
+    def check(self, backend: str, run: Callable[[List[np.ndarray]], List[np.ndarray]]) -> List[Dict[str, Any]]:
+        """The accuracy records of `run`; EdgedynError with the numbers when they miss the gate."""
+        outputs = self.measure(run)
+        check(self._plan.gate, outputs, "{} ({})".format(self._spec.name, backend))
+        return outputs
 
 
 def _shapes(spec: Any) -> Tuple[List[List[int]], List[Any]]:
