@@ -10,6 +10,11 @@ compared with the float model by cosine, per output. The first attempt that reac
   else gets static QDQ, per-channel weights, with calibrated activation ranges.
 - Static calibration: MinMax first (cheapest, best for ReLU networks), then Percentile and Entropy when MinMax
   misses the target; the most accurate method is kept for what follows.
+- Costly op types (static): each op type other than the layers and pure data movement is kept in float alone,
+  once; the types whose float nodes close at least a quarter of the gap to the target stay float together. This
+  finds what no fixed list does: on the zoo's EfficientNet, onnxruntime 1.32's fused int8 kernels for its SiLU
+  `Mul`s gave cosine 0.23 to the float model where the same QDQ graph run unfused gives 0.98, and keeping those
+  22 `Mul`s in float gives 0.98 fused too (2026-12-01); a small SiLU network did not show it.
 - Float islands, in order, each group kept in float only when the previous attempt still missed: normalizations
   and activations (Softmax, LayerNormalization, Gelu, Sigmoid...), residual adds (Add of two activations: their
   sum spans both ranges), then the first and last layers (Conv/MatMul/Gemm: the input image's and the logits'
@@ -26,6 +31,11 @@ SENSITIVE_OPS = ("Softmax", "LayerNormalization", "Gelu", "Sigmoid", "HardSigmoi
                  "ReduceMean", "Div")
 LAYERS = ("Conv", "MatMul", "Gemm")
 ENCODER_OPS = ("Softmax", "LayerNormalization")
+# Ops that only move or reshape data: float or int8, they pass their input's values on, so the scan skips them.
+DATA_MOVEMENT = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Shape", "Constant",
+                 "Gather", "Slice", "Split", "Expand")
+# An op type stays float when keeping it float closes at least this share of the gap to the target cosine.
+COSTLY_SHARE = 0.25
 METHODS = ("minmax", "percentile", "entropy")
 Kept = Tuple[str, str, str]  # (node name, op type, why it stays float)
 
@@ -78,11 +88,16 @@ def search(onnx: Any, model: Any, quantization: Any, input_names: List[str],
     log = []  # type: List[Dict[str, Any]]
 
     def measure(how: Attempt) -> float:
+        for index, (cosine, done, quantized) in enumerate(tried):
+            if (done.scheme, done.method, set(done.excluded)) == (how.scheme, how.method, set(how.excluded)):
+                tried[index] = (cosine, how, quantized)  # the same nodes, measured already: keep the newer reason
+                return cosine
         quantized = quantize(how)
         cosine = _cosine(_run(quantized, input_names, check), reference)
         tried.append((cosine, how, quantized))
         log.append({"scheme": how.scheme, "method": how.method if how.scheme == "static" else None,
-                    "kept_float": len(how.kept), "cosine": round(cosine, 6)})
+                    "kept_float": len(how.kept), "float_op_types": sorted({op for _, op, _ in how.kept}),
+                    "cosine": round(cosine, 6)})
         return cosine
 
     scheme = "dynamic" if any(node.op_type in ENCODER_OPS for node in model.graph.node) else "static"
@@ -90,7 +105,12 @@ def search(onnx: Any, model: Any, quantization: Any, input_names: List[str],
     for method in methods:
         if measure(Attempt(scheme, method)) >= target:
             return _found(tried, log, len(check))
-    best = max(tried, key=lambda t: t[0])[1]
+    base, best, _ = max(tried, key=lambda t: t[0])
+    costly = _costly_op_types(model, best, base, target, measure) if scheme == "static" else []
+    if costly:
+        best = best.keeping(costly)
+        if measure(best) >= target:  # one costly type: measured by the scan already (measure knows)
+            return _found(tried, log, len(check))
     for group in _float_groups(model, scheme):
         best = best.keeping(group)
         if group and measure(best) >= target:
@@ -102,6 +122,25 @@ def _found(tried: List[Tuple[float, Attempt, Any]], log: List[Dict[str, Any]], c
     """The first attempt that reached the target (the last one tried) or, when none did, the most accurate."""
     cosine, how, quantized = max(tried, key=lambda t: (t[0], -len(t[1].kept)))
     return Found(quantized, how, [dict(entry, batches=checked) for entry in log] if len(log) > 1 else [], cosine)
+
+
+def _costly_op_types(model: Any, best: Attempt, base: float, target: float,
+                     measure: Callable[[Attempt], float]) -> List[Kept]:
+    """The nodes of each op type whose being float, tried one type at a time on top of `best` (cosine `base`),
+    closes at least COSTLY_SHARE of the gap to `target`; the layers (what int8 is for) and data movement are not
+    tried."""
+    by_type = {}  # type: Dict[str, List[Any]]
+    for node in model.graph.node:
+        if node.op_type not in LAYERS and node.op_type not in DATA_MOVEMENT and node.name:
+            by_type.setdefault(node.op_type, []).append(node)
+    costly = []  # type: List[Kept]
+    for op, nodes in sorted(by_type.items()):
+        cosine = measure(best.keeping([(n.name, op, "tried in float, alone, by the search") for n in nodes]))
+        if cosine - base >= COSTLY_SHARE * (target - base):
+            why = "measured: with the {}s in int8 cosine {:.4f}, in float {:.4f} (calibration split)".format(
+                op, base, cosine)
+            costly.extend((n.name, op, why) for n in nodes)
+    return costly
 
 
 def _float_groups(model: Any, scheme: str) -> List[List[Kept]]:
