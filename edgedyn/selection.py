@@ -14,10 +14,6 @@ FP32_MUST_BEAT_INT8), saying so: int8 that costs time is no gain.
 The choice and its reasons go into the artifact's manifest entry as `selection`.
 """
 import contextlib
-import os
-import math
-import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -28,48 +24,14 @@ from edgedyn.boards import Board, Target
 from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Specialization
 from edgedyn.passes import pipeline_passes, run_pipeline
-from edgedyn.runtime.bench import Clock, StopRule, percentile, time_calls
 from edgedyn.runtime.format import host_arch
 from edgedyn.runtime.program import FP32_TOLERANCE, compare
+from edgedyn.turns import DEFAULT_TIMING, Timing, attempt, timed_in_turns
+
+__all__ = ["DEFAULT_TIMING", "Timing", "TuningRejectedWarning", "candidates", "check_backend_name", "choose",
+           "untuned_if_wrong"]
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How long `auto` measures each candidate: `rounds` rounds that take the verified candidates in turn (rotating
-    who goes first), each a few warm-up runs, then timed runs until `seconds / rounds` have passed (at least
-    `min_runs`, at most `max_runs / rounds`); a candidate's time is its fastest round's median. A candidate slower
-    than `seconds` per call gets one timed run: it will not win, and untuned code must not make an export take
-    minutes. `clock` is read around each call (tests pass a fake one).
-
-    Note: one pass per candidate, one after the other, measured zoo:resnet's TFLite at 0.102 ms in one export and
-    0.059 ms in the next (onnxruntime 0.056 and 0.089 ms: a burst of other work on a shared 2-core host lands on
-    whichever candidate runs then); taking turns spreads such a burst over all of them. On that host such
-    stretches last seconds (2-thread runs at 1-thread speed) and only ever add time; the median of 3 rounds still
-    took the slow value when a stretch covered two of one candidate's rounds (benchmarks/speed.py's full run of
-    2026-12-01 19:02: the example MobileNetV2's fp32 TFLite read 0.341 ms in the export, 0.19-0.21 ms in other
-    runs, and onnxruntime's 0.223 ms won), so the fastest round decides."""
-
-    warmup: int = 3  # including the first call
-    min_runs: int = 5
-    max_runs: int = 200
-    seconds: float = 1.0
-    rounds: int = 3
-    clock: Clock = field(default=time.perf_counter, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not (self.warmup >= 1 and 1 <= self.min_runs <= self.max_runs and self.seconds > 0 and self.rounds >= 1):
-            raise ValueError("Timing needs warmup >= 1, 1 <= min_runs <= max_runs, seconds > 0 and rounds >= 1; "
-                             "got {}".format(self))
-
-    def stop_rule(self) -> StopRule:
-        """One round's timed runs as runtime.bench's stop rule; no time cap: its seconds decide, or its max_runs."""
-        return StopRule(self.min_runs, self.seconds / self.rounds, math.inf,
-                        max(self.min_runs, self.max_runs // self.rounds))
-
-
-DEFAULT_TIMING = Timing()
 
 
 def choose(backend: str, program: Any, board: Board, target: Target, spec: Specialization,
@@ -170,11 +132,11 @@ def _measured(build: Callable[[str], Artifact], board: Board, spec: Specializati
         executors = {}  # type: Dict[str, Any]
         for name in candidates(board, quantization):
             step("building {} with {}".format(spec.name, name))
-            artifact = _attempt(name, lambda: build(name), rejected)
+            artifact = attempt(name, lambda: build(name), rejected)
             if artifact is None:
                 step("{}: skipped ({})".format(name, rejected[name]))
                 continue
-            executor = _attempt(name, lambda: _open_checked(stack, artifact, spec), rejected)
+            executor = attempt(name, lambda: _open_checked(stack, artifact, spec), rejected)
             if executor is None:
                 step("{}: rejected ({})".format(name, rejected[name]))
                 continue
@@ -185,7 +147,7 @@ def _measured(build: Callable[[str], Artifact], board: Board, spec: Specializati
             verified[name], executors[name] = artifact, executor
         if not verified:
             raise _gate_missed(spec, rejected, missed) if missed else _nothing_built(spec, board, rejected)
-        medians = _timed_in_turns(executors, spec, timing, rejected)
+        medians = timed_in_turns(executors, _example_arrays(spec), timing, rejected)
     if not medians:
         raise _nothing_built(spec, board, rejected)
     # Candidates come in preference order (dicts keep it), so a tie keeps the preferred one.
@@ -199,55 +161,6 @@ def _measured(build: Callable[[str], Artifact], board: Board, spec: Specializati
                                          "max_runs": timing.max_runs, "seconds": timing.seconds,
                                          "rounds": timing.rounds},
         "host": host_arch()})
-
-
-def _timed_in_turns(executors: Dict[str, Any], spec: Specialization, timing: Timing,
-                    rejected: Dict[str, str]) -> Dict[str, float]:
-    """Each open executor's milliseconds per call on the example inputs (its fastest round's median), all of them
-    timed in turns (see Timing); one that fails while being timed goes to `rejected`."""
-    inputs = _example_arrays(spec)
-    calls = {name: (lambda executor=executor: executor.run(inputs)) for name, executor in executors.items()}
-    medians = {}  # type: Dict[str, float]
-    turns = []  # type: List[str]
-    for name, call in calls.items():
-        slow = _attempt(name, lambda: _slow_call_ms(call, timing), rejected)
-        if name in rejected:
-            continue
-        if slow is not None:
-            medians[name] = slow  # too slow to win: its one timed run says so
-        else:
-            turns.append(name)
-    per_round = {name: [] for name in turns}  # type: Dict[str, List[float]]
-    for index in range(timing.rounds if turns else 0):
-        shift = index % len(turns)
-        for name in turns[shift:] + turns[:shift]:
-            if name not in rejected:
-                median = _attempt(name, lambda: _round_median_ms(calls[name], timing), rejected)
-                if median is not None:
-                    per_round[name].append(median)
-    # The fastest round, not the median of rounds: a slow stretch of the machine only ever adds time, and a
-    # median takes the slow value whenever it covers most of one candidate's rounds (see Timing).
-    medians.update({name: min(per_round[name]) for name in turns if name not in rejected})
-    return {name: medians[name] for name in executors if name in medians}
-
-
-def _slow_call_ms(call: Callable[[], Any], timing: Timing) -> Optional[float]:
-    """Makes the first call (it pays for allocation and lazy initialization: never counted); when that took
-    longer than `timing.seconds`, the milliseconds of one more, timed call, else None (timed in rounds)."""
-    clock = timing.clock
-    started = clock()
-    call()
-    if clock() - started > timing.seconds:
-        return percentile(time_calls(call, StopRule(1, 0.0, math.inf, 1), clock), 50) * 1000.0
-    return None
-
-
-def _round_median_ms(call: Callable[[], Any], timing: Timing) -> float:
-    """One round: warm-up runs (another candidate ran just before: its threads and data leave the caches), then
-    the median of the timed runs."""
-    if timing.warmup > 1:
-        time_calls(call, StopRule(timing.warmup - 1, 0.0, math.inf, timing.warmup - 1), timing.clock)
-    return percentile(time_calls(call, timing.stop_rule(), timing.clock), 50) * 1000.0
 
 
 def _why(chosen: str, medians: Dict[str, float]) -> str:
@@ -275,8 +188,9 @@ def _int8_or_fp32(int8: Artifact, fp32: Artifact, spec: Specialization, timing: 
     """
     int8_selection, fp32_selection = int8.meta["selection"], fp32.meta["selection"]
     with contextlib.ExitStack() as stack:
-        paired = _timed_in_turns({label: stack.enter_context(open_executor(artifact))[0]
-                                  for label, artifact in (("int8", int8), ("fp32", fp32))}, spec, timing, {})
+        paired = timed_in_turns({label: stack.enter_context(open_executor(artifact))[0]
+                                 for label, artifact in (("int8", int8), ("fp32", fp32))},
+                                _example_arrays(spec), timing, {})
     int8_ms = paired.get("int8", int8_selection["medians_ms"][int8.backend])
     fp32_ms = paired.get("fp32", fp32_selection["medians_ms"][fp32.backend])
     compared = {"int8_medians_ms": int8_selection["medians_ms"], "fp32_medians_ms": fp32_selection["medians_ms"],
@@ -304,7 +218,7 @@ def _by_preference(build: Callable[[str], Artifact], board: Board, target: Targe
     missed = []  # type: List[str]
     for name in order:
         step("building {} with {} for {} ({})".format(spec.name, name, target.name, board.name))
-        artifact = _attempt(name, lambda: build(name), rejected)
+        artifact = attempt(name, lambda: build(name), rejected)
         if artifact is None:
             step("{}: skipped ({})".format(name, rejected[name]))
             continue
@@ -313,7 +227,7 @@ def _by_preference(build: Callable[[str], Artifact], board: Board, target: Targe
         # chosen.
         if verified:
             with contextlib.ExitStack() as stack:
-                executor = _attempt(name, lambda: _open_checked(stack, artifact, spec), rejected)
+                executor = attempt(name, lambda: _open_checked(stack, artifact, spec), rejected)
                 if executor is None:
                     step("{}: rejected ({})".format(name, rejected[name]))
                     continue
@@ -323,20 +237,6 @@ def _by_preference(build: Callable[[str], Artifact], board: Board, target: Targe
         return _with_selection(artifact, {"mode": "board preference", "order": list(board.backends),
                                           "chosen": name, "rejected": rejected, "verified_on_host": verified})
     raise _gate_missed(spec, rejected, missed) if missed else _nothing_built(spec, board, rejected)
-
-
-def _attempt(name: str, work: Callable[[], Any], rejected: Dict[str, str]) -> Any:
-    """`work()`, or None with the reason in `rejected` (not installed, cannot express the graph, disagrees)."""
-    try:
-        return work()
-    except EdgedynError as error:
-        rejected[name] = error.message
-    except Exception as error:  # a bug in one backend must not cost the user the others; say so
-        if os.environ.get("EDGEDYN_DEBUG"):
-            raise
-        rejected[name] = "internal error: {}: {} (EDGEDYN_DEBUG=1 shows the traceback)".format(
-            type(error).__name__, error)
-    return None
 
 
 def _verify(artifact: Artifact, spec: Specialization) -> bool:
@@ -400,7 +300,7 @@ def _passes_gate(quantization: Optional[Any], name: str, executor: Any, rejected
     held_out = getattr(quantization, "held_out", None)
     if held_out is None:
         return True
-    if _attempt(name, lambda: held_out(name, executor.run), rejected) is None:
+    if attempt(name, lambda: held_out(name, executor.run), rejected) is None:
         # The record goes into a bundle that may well be written (with another candidate): no "no bundle" in it.
         rejected[name] = rejected[name].replace("; no bundle was written", "")
         step("{}: rejected ({})".format(name, rejected[name]))

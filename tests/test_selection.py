@@ -211,7 +211,7 @@ def test_auto_keeps_the_fastest_by_the_clock_and_stops_timing_by_its_rules(monke
 def test_a_slow_stretch_over_two_rounds_of_one_candidate_does_not_decide(monkeypatch, loop_spec):
     """b_fast (0.5 ms) runs 10x slower in two of its three rounds, as when the machine slows for a few seconds;
     d_mid (3 ms) is never slowed. The median of b's rounds (5 ms) would lose to d_mid; its fastest round wins."""
-    import edgedyn.selection as selection
+    import edgedyn.turns as turns
 
     spec, program = loop_spec
     board = load_board("x86-64")
@@ -219,7 +219,7 @@ def test_a_slow_stretch_over_two_rounds_of_one_candidate_does_not_decide(monkeyp
         monkeypatch.delitem(BACKENDS, other)
     _register(monkeypatch, "b_fast", "d_mid")
     monkeypatch.setattr(CLOCK, "order", [])
-    real_round = selection._round_median_ms
+    real_round = turns._round_median_ms
     rounds_run = []  # type: List[str]
 
     def stretch(call, timing):  # type: ignore[no-untyped-def]
@@ -229,7 +229,7 @@ def test_a_slow_stretch_over_two_rounds_of_one_candidate_does_not_decide(monkeyp
         slowed = rounds_run[-1] == "b_fast" and rounds_run.count("b_fast") <= 2
         return median * (10.0 if slowed else 1.0)
 
-    monkeypatch.setattr(selection, "_round_median_ms", stretch)
+    monkeypatch.setattr(turns, "_round_median_ms", stretch)
     timing = Timing(warmup=1, min_runs=3, max_runs=9, seconds=0.03, rounds=3, clock=CLOCK)
     artifact = choose("auto", program, board, board.target("cpu"), spec, timing=timing)
     assert rounds_run.count("b_fast") == rounds_run.count("d_mid") == 3
