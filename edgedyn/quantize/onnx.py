@@ -13,9 +13,10 @@ kernel ran 10x slower than the float Conv on MobileNetV2, so int8-weights shrink
 import logging
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from edgedyn.errors import BackendError, MissingDependencyError
+from edgedyn.quantize import sensitivity
 from edgedyn.quantize.accuracy import INT8_TOLERANCE
 
 
@@ -39,8 +40,6 @@ def quantize(onnx: Any, model: Any, quantization: Any, input_names: List[str]) -
 
 def _quantize(onnx: Any, model: Any, quantization: Any, input_names: List[str], ort_quantization: Any,
               before: int) -> Tuple[Any, Dict[str, Any]]:
-    from edgedyn.quantize import sensitivity
-
     with tempfile.TemporaryDirectory(prefix="edgedyn-quantize-") as workdir:
         source = Path(workdir) / "float.onnx"
         onnx.save(model, str(source))
@@ -76,7 +75,7 @@ def _attempt_builder(onnx: Any, ort_quantization: Any, quantization: Any, input_
                "entropy": ort_quantization.CalibrationMethod.Entropy}
     counter = [0]
 
-    def attempt(how: Any) -> Any:
+    def attempt(how: Any, batches: Any = None) -> Any:
         counter[0] += 1
         target = workdir / "int8-{}.onnx".format(counter[0])
         if how.scheme == "dynamic":
@@ -85,32 +84,13 @@ def _attempt_builder(onnx: Any, ort_quantization: Any, quantization: Any, input_
                                               nodes_to_exclude=list(how.excluded))
         else:
             ort_quantization.quantize_static(
-                str(source), str(target), _Reader(quantization.calibration, input_names),
+                str(source), str(target), sensitivity.Reader(batches or quantization.calibration, input_names),
                 quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8, calibrate_method=methods[how.method],
                 nodes_to_exclude=list(how.excluded))
         return onnx.load(str(target))
 
     return attempt
-
-
-class _Reader:
-    """onnxruntime's CalibrationDataReader protocol over our batches."""
-
-    def __init__(self, batches: List[Any], names: List[str]) -> None:
-        self._batches = batches
-        self._names = names
-        self._iterator = self._feeds()
-
-    def _feeds(self) -> Iterator[Dict[str, Any]]:
-        for batch in self._batches:
-            yield dict(zip(self._names, batch))
-
-    def get_next(self) -> Any:
-        return next(self._iterator, None)
-
-    def rewind(self) -> None:
-        self._iterator = self._feeds()
 
 
 def _initializer_bytes(model: Any) -> int:
