@@ -285,6 +285,25 @@ def test_max_duration_cap_is_reported(export_example) -> None:
     assert report["init_ms"] == pytest.approx(1000.0) and report["first_inference_ms"] == pytest.approx(1000.0)
 
 
+def test_bench_times_positional_calls_which_take_the_fast_path(export_example, monkeypatch) -> None:
+    """Users call `program(x)`: the timing loop and the guard row must time that call (the fast rules decide it
+    without binding), not keyword binding, which costs a few microseconds a positional call never pays."""
+    from edgedyn.runtime.program import Program
+
+    bound = []
+    real_dispatch = Program.dispatch
+
+    def counting_dispatch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        bound.append(1)
+        return real_dispatch(self, *args, **kwargs)
+
+    monkeypatch.setattr(Program, "dispatch", counting_dispatch)
+    report = run_benchmark(str(export_example("tiny_cnn")), BenchConfig(warmup=2, iterations=20, duration_s=0.0,
+                                                                         random_inputs=True))
+    assert report["iterations"] >= 20 and report["guard_overhead_us"] > 0
+    assert bound == [], "{} calls were bound by keyword instead of taking the fast path".format(len(bound))
+
+
 # --- benchmarks/compare.py: the parts that decide what is timed and how it is reported ---
 
 def _compare_module():

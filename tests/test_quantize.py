@@ -337,12 +337,12 @@ def test_the_search_keeps_ops_in_float_until_the_target_is_met(monkeypatch, cosi
     assert whys.get("Sigmoid", "sensitive to int8 (normalization/activation)") == (
         "sensitive to int8 (normalization/activation)")
     assert whys.get("Add") in (None, "residual add: the sum spans both inputs' ranges",
-                               "measured: with the Adds in int8 cosine 0.3000, in float 0.9800 (calibration split)")
+                               "measured: with the Adds in int8 cosine 0.3000, in float 0.9800 (check batches)")
     assert ("measured" in whys.get("Add", "")) == (cosines["minmax", ()] == 0.3)
     if "mid" in kept:
         assert found.chosen.float_ops_record()[-1] == {
             "node": "mid", "op": "Conv",
-            "why": "measured: one of the 1 layers that lose the most in int8 (its signal-to-noise ratio falls 5.0 dB)"}
+            "why": "measured: one of the 1 layers whose signal-to-noise ratio falls the most in int8 (5.0 to 5.0 dB)"}
 
 
 def onnx_module():

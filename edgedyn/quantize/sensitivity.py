@@ -147,8 +147,10 @@ def search(onnx: Any, model: Any, quantization: Any, input_names: List[str],
         ranked = _layers_by_error(onnx, model, quantized, input_names, check, set(best.excluded))
         count = 1
         while ranked and count <= max(1, len(ranked) // 2):  # beyond half the layers float, int8 has little left
-            worst = [(node.name, node.op_type, "measured: one of the {} layers that lose the most in int8 (its "
-                      "signal-to-noise ratio falls {:.1f} dB)".format(count, drop)) for drop, node in ranked[:count]]
+            # One reason for all of them (with the range of their drops), so that `inspect` groups them.
+            why = ("measured: one of the {} layers whose signal-to-noise ratio falls the most in int8 ({:.1f} to "
+                   "{:.1f} dB)".format(count, ranked[min(count, len(ranked)) - 1][0], ranked[0][0]))
+            worst = [(node.name, node.op_type, why) for _, node in ranked[:count]]
             if measure(best.keeping(worst)) >= target:
                 break
             count *= 2
@@ -168,7 +170,7 @@ def _costly_op_types(model: Any, best: Attempt, base: float, target: float,
     for op, nodes in sorted(by_type.items()):
         cosine = measure(best.keeping([(n.name, op, "tried in float, alone, by the search") for n in nodes]))
         if cosine - base >= COSTLY_SHARE * (target - base):
-            why = "measured: with the {}s in int8 cosine {:.4f}, in float {:.4f} (calibration split)".format(
+            why = "measured: with the {}s in int8 cosine {:.4f}, in float {:.4f} (check batches)".format(
                 op, base, cosine)
             costly.extend((n.name, op, why) for n in nodes)
     return costly

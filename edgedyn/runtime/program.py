@@ -144,12 +144,7 @@ class Program:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the matching specialization; safe to call from any number of threads at once (see threads.py)."""
-        fast = None if kwargs else self._fast.match(args)  # the common call, decided without binding
-        if fast is not None:
-            spec, arrays = fast
-        else:
-            spec, values = self.dispatch(*args, **kwargs)
-            arrays = [np.ascontiguousarray(values[name]) for name in spec.inputs]
+        spec, arrays = self.route(*args, **kwargs)
         try:
             return build_outputs(spec.output_tree, spec.executor.run(arrays))
         except EdgedynError:
@@ -160,6 +155,16 @@ class Program:
                     schema.short(spec.name), artifact_label(spec.artifact), type(error).__name__,
                     schema.short(str(error), 300)),
                 hint="run `edgedyn verify` on the bundle; export it again if it fails")
+
+    def route(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, List[np.ndarray]]:
+        """What a call does before its executor runs: the matching specialization and the executor's input arrays
+        (GuardError when none matches). Positional arrays of the exact dtypes and shapes take the fast rules
+        (fastpath.py), decided without binding; anything else is bound and checked guard by guard."""
+        fast = None if kwargs else self._fast.match(args)
+        if fast is not None:
+            return fast
+        spec, values = self.dispatch(*args, **kwargs)
+        return spec, [np.ascontiguousarray(values[name]) for name in spec.inputs]
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, Dict[str, Any]]:
         """The specialization whose guards all hold for these arguments, and the bound argument values."""
