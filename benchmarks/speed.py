@@ -262,13 +262,37 @@ def _executorch(model: Any, inputs: tuple, kind: str, int8: bool, path: str) -> 
 
         quantizer = XNNPACKQuantizer().set_global(
             get_symmetric_quantization_config(is_per_channel=True, is_dynamic=kind == "encoder"))
-        prepared = prepare_pt2e(program.module(), quantizer)
+        prepared = _integer_constants_restored(prepare_pt2e(program.module(), quantizer))
         for sample in _random_samples(inputs, 16, 1):
             prepared(*[torch.from_numpy(a) for a in sample])
         program = torch.export.export(convert_pt2e(prepared), inputs, strict=False)
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
     Path(path).write_bytes(lowered.buffer)
     return path
+
+
+def _integer_constants_restored(prepared: Any) -> Any:
+    """`prepared` with the scalar constants that torchao's prepare_pt2e lifted into float tensors given back the
+    integer dtype of the tensor they are added to.
+
+    Note: prepare_pt2e turns a graph's Python scalars into `_tensor_constant_N` attributes, as float tensors, even
+    where the scalar was added to an integer tensor: GPT-2's and RoBERTa's position ids (`arange(16) + 0`) then
+    become floats, and their embedding lookup fails during calibration (`Expected tensor for argument #1 'indices'
+    to have one of the following scalar types: Long, Int`), whatever the quantizer annotates (torchao with
+    ExecuTorch 1.5, 2026-12-01). The ExecuTorch int8 peer of those models needs them back as integers."""
+    import torch
+
+    for node in prepared.graph.nodes:
+        if node.op != "get_attr" or not str(node.target).startswith("_tensor_constant"):
+            continue
+        value = getattr(prepared, node.target)
+        for user in node.users:
+            others = [a for a in user.args if isinstance(a, torch.fx.Node) and a is not node]
+            dtypes = {o.meta["val"].dtype for o in others if isinstance(o.meta.get("val"), torch.Tensor)}
+            integral = value.is_floating_point() and bool(torch.equal(value, torch.round(value)))
+            if integral and len(dtypes) == 1 and not next(iter(dtypes)).is_floating_point:
+                setattr(prepared, node.target, value.to(next(iter(dtypes))))
+    return prepared
 
 
 # --- the worker: one variant, one process ---
