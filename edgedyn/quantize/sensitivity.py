@@ -41,6 +41,9 @@ FUSED_ACTIVATIONS = ("Relu", "Clip")
 # calibration data): the gate then measures other inputs, and the zoo's EfficientNet read 0.9917 on the check
 # batches where the held-out gate measured 0.9882.
 SEARCH_MARGIN = 0.25
+# Batches the layer ranking runs on: it keeps every intermediate tensor of two models for each (ResNet-18 at 224:
+# tens of MB a batch), and a ranking needs few.
+RANKING_BATCHES = 4
 # An op type stays float when keeping it float closes at least this share of the gap to the target cosine.
 COSTLY_SHARE = 0.25
 METHODS = ("minmax", "percentile", "entropy")
@@ -144,7 +147,7 @@ def search(onnx: Any, model: Any, quantization: Any, input_names: List[str],
             best, cosine = trial, accuracy
     if scheme == "static":
         quantized = next(q for _, how, q in tried if how == best)
-        ranked = _layers_by_error(onnx, model, quantized, input_names, check, set(best.excluded))
+        ranked = _layers_by_error(onnx, model, quantized, input_names, check[:RANKING_BATCHES], set(best.excluded))
         count = 1
         while ranked and count <= max(1, len(ranked) // 2):  # beyond half the layers float, int8 has little left
             # One reason for all of them (with the range of their drops), so that `inspect` groups them.
