@@ -426,6 +426,28 @@ def test_cross_board_follows_its_preference_and_skips_what_fails(monkeypatch, lo
         "rejected": {"tvm": "cannot express aten.mul.Tensor (examples/loop_example.py:12)"}, "verified_on_host": True}
 
 
+def test_cross_board_int8_skips_a_preferred_candidate_that_misses_the_gate_here(monkeypatch, loop_spec):
+    """For another board, the preference decides; an int8 artifact this machine can run is held to the gate here,
+    and one that misses is passed over for the next, with its numbers."""
+    from edgedyn.quantize import Quantization
+
+    spec, program = loop_spec
+    pi = load_board("raspberry-pi-4")
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch)
+    for name in ("a_slow", "b_fast"):
+        monkeypatch.setitem(BACKENDS, name, _stand_in(name, name, quantizes=True))
+    board = dataclasses.replace(pi, backends=("b_fast", "a_slow"))
+    quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]],
+                                held_out=_gate_of({"b_fast": 0.95, "a_slow": 0.995}, []))
+    artifact = choose("auto", program, board, board.target("cpu"), spec, quantization=quantization)
+    assert artifact.backend == "a_slow"
+    assert artifact.meta["selection"]["rejected"] == {
+        "b_fast": "the quantized model misses the default accuracy gate of --quantize (cosine=0.99) on x (b_fast): "
+                  "y cosine 0.95 < 0.99"}
+
+
 def test_cross_board_never_picks_a_portable_artifact_that_failed_here(monkeypatch, loop_spec):
     spec, program = loop_spec
     _register(monkeypatch)
