@@ -136,12 +136,8 @@ def _measured(build: Callable[[str], Artifact], board: Board, spec: Specializati
             if artifact is None:
                 step("{}: skipped ({})".format(name, rejected[name]))
                 continue
-            executor = attempt(name, lambda: _open_checked(stack, artifact, spec), rejected)
+            executor = _checked(stack, name, artifact, spec, quantization, rejected, missed, step)
             if executor is None:
-                step("{}: rejected ({})".format(name, rejected[name]))
-                continue
-            if not _passes_gate(quantization, name, executor, rejected, step):
-                missed.append(name)
                 continue
             step("{}: verified".format(name))
             verified[name], executors[name] = artifact, executor
@@ -227,12 +223,7 @@ def _by_preference(build: Callable[[str], Artifact], board: Board, target: Targe
         # chosen.
         if verified:
             with contextlib.ExitStack() as stack:
-                executor = attempt(name, lambda: _open_checked(stack, artifact, spec), rejected)
-                if executor is None:
-                    step("{}: rejected ({})".format(name, rejected[name]))
-                    continue
-                if not _passes_gate(quantization, name, executor, rejected, step):
-                    missed.append(name)
+                if _checked(stack, name, artifact, spec, quantization, rejected, missed, step) is None:
                     continue
         return _with_selection(artifact, {"mode": "board preference", "order": list(board.backends),
                                           "chosen": name, "rejected": rejected, "verified_on_host": verified})
@@ -291,21 +282,26 @@ def _check_quantized(artifact: Artifact, outputs: List[np.ndarray], expected: Li
                                "artifact, not int8 rounding".format(artifact.backend, index, cosine, SANITY_COSINE))
 
 
-def _passes_gate(quantization: Optional[Any], name: str, executor: Any, rejected: Dict[str, str],
-                 step: Progress) -> bool:
-    """For an int8 candidate: whether it meets the accuracy gate on the held-out split (quantize/plan.py); a miss
-    goes to `rejected` with its numbers. Note: checked per candidate, not only on the winner, because the fastest
-    int8 artifact is not always the most accurate (the zoo's MobileViT: TFLite's full-integer graph 0.955, the
-    onnxruntime dynamic-int8 one 0.9997); one that misses must cost the user neither the export nor the others."""
+def _checked(stack: contextlib.ExitStack, name: str, artifact: Artifact, spec: Specialization,
+             quantization: Optional[Any], rejected: Dict[str, str], missed: List[str], step: Progress) -> Any:
+    """The candidate's executor, open until `stack` closes, once it agrees with torch eager and, for int8, meets
+    the accuracy gate on the held-out split (quantize/plan.py); else None, the reason in `rejected` (a gate miss, with
+    its numbers, also in `missed`) and in the progress.
+
+    Note: the gate is checked per candidate, not only on the winner, because the fastest int8 artifact is not
+    always the most accurate (the zoo's MobileViT: TFLite's full-integer graph 0.955, the onnxruntime dynamic-int8
+    one 0.9997); one that misses must cost the user neither the export nor the others."""
+    executor = attempt(name, lambda: _open_checked(stack, artifact, spec), rejected)
     held_out = getattr(quantization, "held_out", None)
-    if held_out is None:
-        return True
-    if attempt(name, lambda: held_out(name, executor.run), rejected) is None:
-        # The record goes into a bundle that may well be written (with another candidate): no "no bundle" in it.
-        rejected[name] = rejected[name].replace("; no bundle was written", "")
+    if executor is not None and held_out is not None:
+        if attempt(name, lambda: held_out(name, executor.run), rejected) is None:
+            # The record goes into a bundle that may well be written (with another candidate): no "no bundle" in it.
+            rejected[name] = rejected[name].replace("; no bundle was written", "")
+            missed.append(name)
+            executor = None
+    if executor is None:
         step("{}: rejected ({})".format(name, rejected[name]))
-        return False
-    return True
+    return executor
 
 
 def _gate_missed(spec: Specialization, rejected: Dict[str, str], missed: List[str]) -> EdgedynError:

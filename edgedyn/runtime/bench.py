@@ -193,15 +193,16 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
     spec, values, source = _choose_inputs(program, config)
     # Called as users call it: positionally, in the signature's order (the fast path for arrays of the exact dtypes
     # and shapes; keywords would time binding every call, ~5 us that a positional call never pays).
-    args = [values[param["name"]] for param in program.signature if param["name"] in values]
-    if len(args) != len(program.signature):
-        args = None
+    names = [param["name"] for param in program.signature]
+    positional, keywords = [], values  # type: List[Any], Dict[str, Any]
+    if all(name in values for name in names):
+        positional, keywords = [values[name] for name in names], {}
 
     def call() -> Any:
-        return program(*args) if args is not None else program(**values)
+        return program(*positional, **keywords)
 
     def route() -> Any:
-        return program.route(*args) if args is not None else program.route(**values)
+        return program.route(*positional, **keywords)
 
     report_progress("first inference", 0, 0.0)
     started = clock()
