@@ -479,7 +479,9 @@ def test_auto_keeps_an_int8_candidate_that_meets_the_gate_when_the_fastest_misse
     """The zoo's MobileViT: TFLite's full-integer graph misses the default gate (cosine ~0.95, random weights),
     onnxruntime's dynamic int8 meets it. auto drops the one, records why, and ships the other (or fp32, when int8
     is not faster here: which is this machine's measurement, so both outcomes are checked)."""
-    path = edgedyn.export(_zoo_model("mobilevit"), inputs=_zoo_inputs("mobilevit"), quantize="int8",
+    from edgedyn import zoo
+
+    path = edgedyn.export(zoo.build("mobilevit"), inputs=zoo.input_options("mobilevit"), quantize="int8",
                           calibration=_zoo_calibration("mobilevit", 40, 1), output=tmp_path / "mobilevit.edgedyn")
     artifact = Bundle(path).manifest["specializations"][0]["artifacts"][-1]
     selection = artifact["selection"]
@@ -491,15 +493,3 @@ def test_auto_keeps_an_int8_candidate_that_meets_the_gate_when_the_fastest_misse
     else:
         assert selection["why"].startswith("int8 is not faster here")
     assert _cosine_to_eager_on_fresh_inputs("mobilevit", path, range(100, 108)) > 0.99
-
-
-def _zoo_model(name):
-    from edgedyn import zoo
-
-    return zoo.build(name)
-
-
-def _zoo_inputs(name):
-    from edgedyn import zoo
-
-    return zoo.input_options(name)

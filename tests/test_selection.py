@@ -320,17 +320,22 @@ def _gate_of(cosines: Dict[str, float], calls: List[str]) -> Any:
     return held_out
 
 
+def _only_int8_stand_ins(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """The registry holds only the stand-ins `names`, each one quantizing (has int8 kernels)."""
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch)
+    for name in names:
+        monkeypatch.setitem(BACKENDS, name, _stand_in(name, name, quantizes=True))
+
+
 def test_auto_drops_an_int8_candidate_that_misses_the_gate_and_keeps_the_fastest_that_meets_it(monkeypatch,
                                                                                                  loop_spec):
     from edgedyn.quantize import Quantization
 
     spec, program = loop_spec
     board = load_board("x86-64")
-    for other in list(BACKENDS):
-        monkeypatch.delitem(BACKENDS, other)
-    _register(monkeypatch)
-    for name in ("a_slow", "b_fast"):
-        monkeypatch.setitem(BACKENDS, name, _stand_in(name, name, quantizes=True))
+    _only_int8_stand_ins(monkeypatch, "a_slow", "b_fast")
     calls = []  # type: List[str]
     quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]],
                                 held_out=_gate_of({"b_fast": 0.95, "a_slow": 0.995}, calls))
@@ -353,11 +358,7 @@ def test_when_every_int8_candidate_misses_the_gate_the_error_gives_each_ones_num
 
     spec, program = loop_spec
     board = load_board("x86-64")
-    for other in list(BACKENDS):
-        monkeypatch.delitem(BACKENDS, other)
-    _register(monkeypatch, "cannot_express")
-    for name in ("a_slow", "b_fast", "cannot_express"):
-        monkeypatch.setitem(BACKENDS, name, _stand_in(name, name, quantizes=True))
+    _only_int8_stand_ins(monkeypatch, "a_slow", "b_fast", "cannot_express")
     quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]],
                                 held_out=_gate_of({"b_fast": 0.95, "a_slow": 0.9}, []))
     with pytest.raises(EdgedynError) as raised:
@@ -432,12 +433,8 @@ def test_cross_board_int8_skips_a_preferred_candidate_that_misses_the_gate_here(
     from edgedyn.quantize import Quantization
 
     spec, program = loop_spec
-    pi = load_board("raspberry-pi-4")
-    for other in list(BACKENDS):
-        monkeypatch.delitem(BACKENDS, other)
-    _register(monkeypatch)
-    for name in ("a_slow", "b_fast"):
-        monkeypatch.setitem(BACKENDS, name, _stand_in(name, name, quantizes=True))
+    pi = load_board("raspberry-pi-4")  # read before the registry holds only stand-ins: it checks the names
+    _only_int8_stand_ins(monkeypatch, "a_slow", "b_fast")
     board = dataclasses.replace(pi, backends=("b_fast", "a_slow"))
     quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]],
                                 held_out=_gate_of({"b_fast": 0.95, "a_slow": 0.995}, []))
