@@ -25,7 +25,16 @@ class Timing:
     stretches last seconds (2-thread runs at 1-thread speed) and only ever add time; the median of 3 rounds still
     took the slow value when a stretch covered two of one candidate's rounds (benchmarks/speed.py's full run of
     2026-12-01 19:02: the example MobileNetV2's fp32 TFLite read 0.341 ms in the export, 0.19-0.21 ms in other
-    runs, and onnxruntime's 0.223 ms won), so the fastest round decides."""
+    runs, and onnxruntime's 0.223 ms won), so the fastest round decides.
+
+    Before each round the process waits until it is idle (_settle): a runtime's thread pool keeps
+    spinning on a core after a call returns, and a round timed meanwhile has one core fewer. Measured on a 2-core
+    x86 host (2026-12-02), CPU time of an otherwise sleeping process after its last call: numpy's OpenBLAS (the
+    portable executor) kept one core busy for ~100 ms, onnxruntime ~50 ms, torch ~10 ms, LiteRT and TVM none.
+    Without the wait, the example MobileNetV2's TFLite, timed right after the portable executor in every round,
+    read 0.37-0.49 ms in each of four exports against 0.21-0.22 ms on its own, and `auto` kept onnxruntime
+    (0.25 ms); with the wait it read 0.225-0.235 ms in each of four and was kept. The "slow stretch" that the full
+    run above blamed for its 0.341 ms was this."""
 
     warmup: int = 3  # including the first call
     min_runs: int = 5
@@ -68,6 +77,7 @@ def timed_in_turns(executors: Dict[str, Any], inputs: List[Any], timing: Timing,
         shift = index % len(turns)
         for name in turns[shift:] + turns[:shift]:
             if name not in rejected:
+                _settle()
                 median = attempt(name, lambda: _round_median_ms(calls[name], timing), rejected)
                 if median is not None:
                     per_round[name].append(median)
@@ -75,6 +85,25 @@ def timed_in_turns(executors: Dict[str, Any], inputs: List[Any], timing: Timing,
     # median takes the slow value whenever it covers most of one candidate's rounds (see Timing).
     medians.update({name: min(per_round[name]) for name in turns if name not in rejected})
     return {name: medians[name] for name in executors if name in medians}
+
+
+# _settle: the process counts as idle once its threads used under IDLE_SHARE of one core over IDLE_WINDOW_S.
+IDLE_WINDOW_S = 0.005
+IDLE_SHARE = 0.2
+SETTLE_MAX_S = 0.3
+
+
+def _settle() -> float:
+    """Waits until every thread of this process is idle (a thread pool that spins after its last call has stopped),
+    at most SETTLE_MAX_S; returns the seconds waited. Reads the process's CPU time, so a busy machine alone does
+    not make it wait."""
+    started = time.perf_counter()
+    while True:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(IDLE_WINDOW_S)
+        now = time.perf_counter()
+        if time.process_time() - cpu < IDLE_SHARE * (now - wall) or now - started >= SETTLE_MAX_S:
+            return now - started
 
 
 def _slow_call_ms(call: Callable[[], Any], timing: Timing) -> Optional[float]:

@@ -237,6 +237,53 @@ def test_a_slow_stretch_over_two_rounds_of_one_candidate_does_not_decide(monkeyp
     assert artifact.backend == "b_fast"
 
 
+def test_each_round_starts_once_the_process_is_idle(monkeypatch):
+    """A thread pool spins on a core after its last call (see Timing): every round waits for the process to be idle
+    first, so no candidate is timed on the cores another one's pool still holds."""
+    import edgedyn.turns as turns
+
+    events = []  # type: List[str]
+    monkeypatch.setattr(turns, "_settle", lambda: events.append("settle") or 0.0)
+
+    class Calls:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def run(self, inputs: List[Any]) -> None:
+            events.append(self.name)
+
+    timing = Timing(warmup=1, min_runs=2, max_runs=6, seconds=10.0, rounds=2)  # 3 runs a round
+    medians = turns.timed_in_turns({"a": Calls("a"), "b": Calls("b")}, [], timing, {})
+    assert sorted(medians) == ["a", "b"]
+    # the first calls, then per round (rotating who goes first) a wait before each candidate's block
+    assert _runs(events) == ["a", "b", "settle", "a", "settle", "b", "settle", "b", "settle", "a"]
+
+
+def test_settle_waits_while_a_thread_of_this_process_spins():
+    import threading
+
+    import edgedyn.turns as turns
+
+    stop = threading.Event()
+
+    def spin() -> None:  # what an idle thread pool does after a call: burn a core until told otherwise
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    timer = threading.Timer(0.08, stop.set)
+    timer.start()
+    try:
+        waited = turns._settle()
+    finally:
+        stop.set()
+        timer.cancel()
+        spinner.join()
+    assert 0.07 <= waited <= turns.SETTLE_MAX_S + 0.05
+    assert turns._settle() < 0.07  # nothing of this process spins now: the first short look suffices
+
+
 def _runs(order: List[str]) -> List[str]:
     """The order of calls with consecutive calls of one candidate collapsed into one entry."""
     return [name for index, name in enumerate(order) if index == 0 or order[index - 1] != name]
