@@ -334,6 +334,45 @@ def test_compare_ratios_against_eager_and_the_best_peer() -> None:
     assert results["torch-compile"]["best_peer"] == "torch-compile" and "speedup_vs_eager" not in results["edgedyn-tflite"]
 
 
+def test_compare_waits_until_the_worker_it_timed_stops_spinning() -> None:
+    """A finished block's thread pool keeps a core busy (onnxruntime ~50 ms, OpenBLAS ~100 ms): the next worker's
+    block waits for that worker's process to go idle, read from /proc, and not longer than needed."""
+    import subprocess
+    import sys
+    import time
+
+    compare = _compare_module()
+    spin = "import time\nstart = time.time()\nwhile time.time() - start < 0.2: pass\ntime.sleep(30)"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.05)
+        started = time.perf_counter()
+        compare.wait_until_idle(spinner.pid)
+        waited_on_spinner = time.perf_counter() - started
+        time.sleep(0.3)  # the idle one has long finished starting
+        started = time.perf_counter()
+        compare.wait_until_idle(idle.pid)
+        waited_on_idle = time.perf_counter() - started
+    finally:
+        spinner.kill()
+        idle.kill()
+    assert waited_on_spinner >= 0.1  # it spun for 0.2 s from its start, 0.05 s before the wait began
+    assert waited_on_idle < 0.1
+
+
+def test_int8_ceiling_is_amdahls_bound() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("int8_ceiling", str(Path(__file__).resolve().parents[1] /
+                                                                      "benchmarks" / "int8_ceiling.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # half the time in int8-capable kernels: at most 1.6x with 4x kernels, 2x with free ones; all of it: 4x, unbounded
+    assert module.bound(0.5, 4.0) == 1.6 and module.bound(0.5, None) == 2.0
+    assert module.bound(1.0, 4.0) == 4.0 and module.bound(1.0, None) == float("inf") and module.bound(0.0, 4.0) == 1.0
+
+
 def test_bench_reports_that_the_portable_executor_allocates_no_intermediates(export_example) -> None:
     """MobileNetV2's intermediates are megabytes; the portable executor's call allocates only its output."""
     report = run_benchmark(str(export_example("mobilenet_v2", backend="portable")),
