@@ -40,6 +40,9 @@ class Backend:
     pipeline: str = "default"  # the pass pipeline (edgedyn/passes PIPELINES) whose graph it lowers
     no_int8_reason: str = ""  # why --quantize is refused, for backends that do not quantize
     summary: str = ""  # one line for CLI help and docs
+    # Its executor takes a thread count per loaded model, not for the whole process (TVM's is an environment
+    # variable): `auto` may then record one thread for an artifact that runs faster so (edgedyn/selection.py).
+    threads_per_model: bool = False
 
     def __post_init__(self) -> None:
         if ":" not in self.lower:
@@ -69,7 +72,7 @@ BACKENDS = {
     "onnxruntime": Backend(
         name="onnxruntime", lower="edgedyn.backends.onnxruntime:lower", executor="onnxruntime", devices=("cpu",),
         quantizes=True, extra="export,onnxruntime", board_extra="onnxruntime", overhead_bytes=52 * MB,
-        overhead_import="import onnxruntime", general=True, pipeline="onnxruntime",
+        overhead_import="import onnxruntime", general=True, pipeline="onnxruntime", threads_per_model=True,
         summary="ONNX for onnxruntime; the board's execution providers (TensorRT/CUDA on a Jetson) are tried first"),
     "portable": Backend(
         name="portable", lower="edgedyn.backends.portable:lower", executor="portable", devices=("cpu",),
@@ -80,7 +83,7 @@ BACKENDS = {
     "tflite": Backend(
         name="tflite", lower="edgedyn.backends.tflite:lower", executor="litert", devices=("cpu",),
         quantizes=True, extra="export,litert", board_extra="litert", overhead_bytes=41 * MB,
-        overhead_import="from ai_edge_litert.interpreter import Interpreter", general=False,
+        overhead_import="from ai_edge_litert.interpreter import Interpreter", general=False, threads_per_model=True,
         summary="a .tflite file written without TensorFlow, run by LiteRT with XNNPACK"),
     "tvm": Backend(
         name="tvm", lower="edgedyn.backends.tvm:lower", executor="tvm", devices=("cpu", "cuda"),

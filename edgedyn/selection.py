@@ -14,6 +14,7 @@ FP32_MUST_BEAT_INT8), saying so: int8 that costs time is no gain.
 The choice and its reasons go into the artifact's manifest entry as `selection`.
 """
 import contextlib
+import os
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -51,13 +52,14 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
         return _with_selection(build(backend), {"mode": "user", "requested": backend})
     if board.arch == host_arch():
         chosen = _measured(build, board, spec, step, timing, quantization)
-        if quantization is None:
-            return chosen
-        try:
-            fp32 = _measured(_builder(programs, board, target, spec, None), board, spec, step, timing, None)
-        except BackendError:
-            return chosen  # no fp32 candidate built: nothing to compare int8 with
-        return _int8_or_fp32(chosen, fp32, spec, timing, step)
+        if quantization is not None:
+            try:
+                fp32 = _measured(_builder(programs, board, target, spec, None), board, spec, step, timing, None)
+            except BackendError:
+                fp32 = None  # no fp32 candidate built: nothing to compare int8 with
+            if fp32 is not None:
+                chosen = _int8_or_fp32(chosen, fp32, spec, timing, step)
+        return _threads_chosen(chosen, spec, timing, step)
     return _by_preference(build, board, target, spec, step, quantization)
 
 
@@ -203,6 +205,39 @@ def _int8_or_fp32(int8: Artifact, fp32: Artifact, spec: Specialization, timing: 
     step("int8 kept: {} {:.3g} ms, {:.2f}x the speed of the fastest fp32 ({} {:.3g} ms)".format(
         int8.backend, int8_ms, fp32_ms / int8_ms, fp32.backend, fp32_ms))
     return _with_selection(int8, dict(int8_selection, why=why, **compared))
+
+
+# auto records one thread for an artifact only when one thread takes under this share of every core's time: timings
+# on a shared machine wobble by ~5%, and a near tie keeps the runtime's default.
+ONE_THREAD_MUST_BEAT = 0.95
+
+
+def _threads_chosen(artifact: Artifact, spec: Specialization, timing: Timing, step: Progress) -> Artifact:
+    """The measured winner, with `threads: 1` in its record when one thread ran it faster here than every core
+    (the runtime's default), timed against each other in turns; both times go into `selection.threads`.
+
+    Note: measured on a 2-core x86 host (2026-12-02, each in its own process), the example transformer block's
+    TFLite took 0.0265-0.0275 ms on one thread and 0.027-0.030 ms on two, where two threads also fell into this
+    VM's slow mode (0.075 ms) for seconds at a time; zoo:resnet's took 0.097-0.101 ms on one and 0.059-0.075 on
+    two. A model too small to share among threads pays for the hand-off between them: which side of that a
+    model falls on is measured, not guessed. The caller's own thread count always wins at load."""
+    record = BACKENDS.get(artifact.backend)
+    if artifact.device != "cpu" or (os.cpu_count() or 1) < 2 or not getattr(record, "threads_per_model", False):
+        return artifact
+    with contextlib.ExitStack() as stack:
+        executors = {label: stack.enter_context(open_executor(artifact, threads))[0]
+                     for label, threads in (("every core", None), ("one thread", 1))}
+        timed = timed_in_turns(executors, _example_arrays(spec), timing, {})
+    if len(timed) < 2:
+        return artifact
+    every, one = timed["every core"], timed["one thread"]
+    kept = "one thread" if one < ONE_THREAD_MUST_BEAT * every else "every core"
+    if kept == "one thread":
+        artifact.meta["threads"] = 1
+        step("{}: one thread runs it in {:.3g} ms, every core in {:.3g} ms: one thread recorded".format(
+            artifact.backend, one, every))
+    return _with_selection(artifact, dict(artifact.meta["selection"], threads={
+        "every_core_ms": round(every, 4), "one_thread_ms": round(one, 4), "kept": kept}))
 
 
 def _by_preference(build: Callable[[str], Artifact], board: Board, target: Target, spec: Specialization,

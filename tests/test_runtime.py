@@ -4,6 +4,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -186,6 +187,27 @@ def test_a_bundle_for_another_cpu_is_refused(export_example):
         hint += ("; to check it here, on the board emulated under qemu: edgedyn verify "
                  "tiny_cnn-{}-tvm.edgedyn --emulate".format(board))
     assert info.value.hint == hint
+
+
+def _with_artifact_threads(source: Path, target: Path, threads: Any) -> Path:
+    def edit(manifest):
+        manifest["specializations"][0]["artifacts"][-1]["threads"] = threads
+
+    return _rewrite(source, target, edit)
+
+
+def test_the_thread_count_auto_recorded_is_used_unless_the_caller_gives_one(export_example, tmp_path):
+    path = _with_artifact_threads(export_example("tiny_cnn", backend="onnxruntime"), tmp_path / "one.edgedyn", 1)
+    assert rt.load(path).specializations[0].executor.describe()["threads"] == 1
+    assert rt.load(path, threads=2).specializations[0].executor.describe()["threads"] == 2
+
+
+@pytest.mark.parametrize("threads", [0, -1, "2", 1.5, True, 10 ** 6])
+def test_an_artifact_thread_count_out_of_range_is_refused(export_example, tmp_path, threads):
+    path = _with_artifact_threads(export_example("tiny_cnn", backend="onnxruntime"), tmp_path / "bad.edgedyn",
+                                  threads)
+    with pytest.raises(rt.BundleError, match="threads"):
+        rt.load(path)
 
 
 def test_member_names_must_be_plain_relative_paths(export_example, tmp_path):

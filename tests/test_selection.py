@@ -284,6 +284,35 @@ def test_settle_waits_while_a_thread_of_this_process_spins():
     assert turns._settle() < 0.07  # nothing of this process spins now: the first short look suffices
 
 
+@pytest.mark.parametrize("one_thread_ms, recorded", [(0.5, 1), (0.97, None)])
+def test_auto_records_one_thread_only_when_one_thread_is_clearly_faster(monkeypatch, loop_spec, one_thread_ms,
+                                                                         recorded):
+    """The measured winner is timed on one thread against every core; one thread is recorded (and used by the
+    runtime when the caller gives no count) only when it takes under ONE_THREAD_MUST_BEAT of every core's time."""
+    import edgedyn.selection as selection
+
+    spec, program = loop_spec
+    board = load_board("x86-64")
+    for other in [n for n in BACKENDS if n != "onnxruntime"]:
+        monkeypatch.delitem(BACKENDS, other)
+    monkeypatch.setattr(selection.os, "cpu_count", lambda: 4)
+    real = selection.timed_in_turns
+    asked = []  # type: List[Dict[str, Any]]
+
+    def timed(executors, inputs, timing, rejected):  # type: ignore[no-untyped-def]
+        if set(executors) != {"every core", "one thread"}:
+            return real(executors, inputs, timing, rejected)  # the backends against each other
+        asked.append({label: executor.describe()["threads"] for label, executor in executors.items()})
+        return {"every core": 1.0, "one thread": one_thread_ms}
+
+    monkeypatch.setattr(selection, "timed_in_turns", timed)
+    artifact = choose("auto", program, board, board.target("cpu"), spec, timing=FAST)
+    assert asked == [{"every core": None, "one thread": 1}]  # None: the runtime's default, every core
+    assert artifact.meta.get("threads") == recorded
+    assert artifact.meta["selection"]["threads"] == {"every_core_ms": 1.0, "one_thread_ms": one_thread_ms,
+                                                     "kept": "one thread" if recorded else "every core"}
+
+
 def _runs(order: List[str]) -> List[str]:
     """The order of calls with consecutive calls of one candidate collapsed into one entry."""
     return [name for index, name in enumerate(order) if index == 0 or order[index - 1] != name]

@@ -39,12 +39,13 @@ class Build:
 
 
 @contextmanager
-def open_executor(artifact: Artifact) -> Iterator[Tuple[Any, Dict[str, Any]]]:
-    """(the runtime's executor over an artifact's files before any bundle exists, its manifest record)."""
+def open_executor(artifact: Artifact, threads: Optional[int] = None) -> Iterator[Tuple[Any, Dict[str, Any]]]:
+    """(the runtime's executor over an artifact's files before any bundle exists, its manifest record); `threads`
+    as the runtime's `load(threads=...)` takes it (None: the runtime's default)."""
     with tempfile.TemporaryDirectory(prefix="edgedyn-artifact-") as workdir:
         names = {role: "{}/{}".format(role, artifact.file_names[role]) for role in artifact.files}
         files = MemoryBundle({names[role]: data for role, data in artifact.files.items()}, workdir)
         record = dict(artifact.meta, backend=artifact.backend, executor=artifact.executor, device=artifact.device,
                       arch=artifact.arch, target=artifact.target, files=names)
-        yield executor_class(artifact.executor)(files, record, {"threads": None}), record
+        yield executor_class(artifact.executor)(files, record, {"threads": threads}), record
 

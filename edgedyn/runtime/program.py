@@ -126,7 +126,9 @@ class Program:
         TVM error) becomes an ArtifactLoadError naming the members, so the next artifact may be tried."""
         opener = executor_class(artifact["executor"])
         try:
-            return opener(self.bundle, artifact, {"threads": threads,
+            # the caller's thread count, else the one `auto` measured faster for this artifact, else the default
+            chosen = threads if threads is not None else artifact.get("threads")
+            return opener(self.bundle, artifact, {"threads": chosen,
                                                   "declared_bytes": schema.declared_tensor_bytes(spec.record)})
         except EdgedynError:
             raise

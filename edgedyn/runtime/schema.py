@@ -209,6 +209,9 @@ def _check_output_tree(c: Checker, tree: Any, where: str, outputs: int, depth: i
             _check_output_tree(c, item, "{}.items[{}]".format(where, index), outputs, depth + 1)
 
 
+MAX_ARTIFACT_THREADS = 256
+
+
 def _check_artifact(c: Checker, artifact: Any, where: str, members: Dict[str, Any]) -> None:
     c.obj(artifact, where, ("backend", "executor", "files", "device"))
     c.text(artifact["backend"], where + ".backend")
@@ -218,6 +221,8 @@ def _check_artifact(c: Checker, artifact: Any, where: str, members: Dict[str, An
         c.text(artifact["arch"], where + ".arch")
     for key, name in c.obj(artifact["files"], where + ".files").items():
         c.member_name(name, "{}.files.{}".format(where, key), members)
+    if "threads" in artifact:  # what `auto` measured faster than every core (edgedyn/selection.py)
+        c.integer(artifact["threads"], where + ".threads", 1, MAX_ARTIFACT_THREADS)
     if "tolerance" in artifact:
         tolerance = c.obj(artifact["tolerance"], where + ".tolerance", ("rtol", "atol"))
         c.number(tolerance["rtol"], where + ".tolerance.rtol")
