@@ -306,7 +306,9 @@ def build_call(task: Dict[str, Any], threads: int) -> Tuple[Callable[[], Any], C
     if variant.startswith("edgedyn-"):
         import edgedyn.runtime as rt
 
-        program = rt.load(task["bundle"], threads=threads)
+        # Every core is the runtime's default: load as a user would, so a thread count that `auto` recorded for
+        # the artifact (one thread, where it measured that faster: docs/backends.md) is what runs.
+        program = rt.load(task["bundle"], threads=None if threads == os.cpu_count() else threads)
         return (lambda: program(*inputs)), (lambda: _as_list(program(*inputs)))
     if variant.startswith("onnxruntime-"):
         import onnxruntime as ort
