@@ -206,10 +206,12 @@ def time_interleaved(workers: Dict[str, Worker], sizes: Dict[str, int], rounds: 
     return samples
 
 
-def wait_until_idle(pid: int, window_s: float = 0.005, most_s: float = 0.3) -> None:
-    """Waits until worker `pid` uses under a fifth of a core (read from /proc/PID/stat), at most `most_s`: a thread
-    pool keeps spinning on a core after its last call (numpy's OpenBLAS ~100 ms, onnxruntime ~50 ms; measured in
-    edgedyn/turns.py), which would slow the next worker's block. Without /proc: a fixed 0.1 s."""
+def wait_until_idle(pid: int) -> None:
+    """Waits until worker `pid` is idle (edgedyn.turns.settle on its CPU time from /proc/PID/stat): a thread pool
+    keeps spinning on a core after its last call (numpy's OpenBLAS ~100 ms, onnxruntime ~50 ms; measured by
+    benchmarks/idle_spin.py), which would slow the next worker's block. Without /proc: a fixed 0.1 s."""
+    from edgedyn.turns import IDLE_WINDOW_S, settle
+
     stat = Path("/proc/{}/stat".format(pid))
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -217,13 +219,8 @@ def wait_until_idle(pid: int, window_s: float = 0.005, most_s: float = 0.3) -> N
         fields = stat.read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / float(tick)  # utime + stime
 
-    started = time.perf_counter()
     try:
-        while time.perf_counter() - started < most_s:
-            before, wall = cpu_s(), time.perf_counter()
-            time.sleep(max(window_s, 2.0 / tick))  # the counters move in clock ticks
-            if cpu_s() - before < 0.2 * (time.perf_counter() - wall):
-                return
+        settle(cpu_s, max(IDLE_WINDOW_S, 2.0 / tick))  # the counters move in clock ticks
     except (OSError, ValueError, IndexError):
         time.sleep(0.1)
 

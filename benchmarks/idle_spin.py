@@ -1,13 +1,13 @@
 """How long each executor's threads keep a core busy after its last call, and how long `auto` waits for that.
 
     python benchmarks/idle_spin.py                      # the example MobileNetV2, every registered backend
-    python benchmarks/idle_spin.py --model examples/tiny_cnn.py:TinyCNN --input 1x3x32x32 --repeats 9
+    python benchmarks/idle_spin.py --model zoo:distilbert --repeats 9   # any benchmarks/speed.py model name
 
 A thread pool that spins after a call holds a core that the next candidate `auto` times (edgedyn/turns.py), or the
 next benchmark worker, would have had. The parent exports the model once per backend; then each backend's bundle
 runs in a worker process of its own (no torch there): per repeat, 20 calls, then the process sleeps for a window
 and its CPU time over that window is read (100% = one core busy all along), for each window in turn; and once per
-repeat `edgedyn.turns._settle`'s wait after 20 calls. Medians over repeats. Table as Markdown, JSON with the CPU model
+repeat `edgedyn.turns.settle`'s wait after 20 calls. Medians over repeats. Table as Markdown, JSON with the CPU model
 to benchmarks/results/DATE-idle-spin.json. Run it on a quiet machine: another process's load does not count here
 (only the worker's own CPU time does), but it delays the worker's threads.
 """
@@ -25,6 +25,7 @@ from typing import Any, Dict, List
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 RESULTS = REPO / "benchmarks" / "results"
 WINDOWS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
@@ -32,11 +33,11 @@ CALLS = 20
 
 
 def worker(bundle: str, repeats: int) -> Dict[str, Any]:
-    """In the worker process: busy share of one core per window after CALLS calls, and _settle's wait."""
+    """In the worker process: busy share of one core per window after CALLS calls, and settle's wait."""
     import numpy as np
 
     import edgedyn.runtime as rt
-    from edgedyn.turns import _settle
+    from edgedyn.turns import settle
 
     program = rt.load(bundle)
     spec = program.specializations[0]
@@ -56,7 +57,7 @@ def worker(bundle: str, repeats: int) -> Dict[str, Any]:
             busy[window].append((time.process_time() - cpu) / (time.perf_counter() - wall))
         for _ in range(CALLS):
             run(inputs)
-        settled.append(_settle())
+        settled.append(settle())
     return {"busy_share": {str(window): statistics.median(shares) for window, shares in busy.items()},
             "settle_ms": statistics.median(settled) * 1000.0, "torch_loaded": "torch" in sys.modules,
             "executor": spec.executor.describe()}
@@ -64,8 +65,7 @@ def worker(bundle: str, repeats: int) -> Dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="examples/mobilenet_v2.py:MobileNetV2")
-    parser.add_argument("--input", default="1x3x96x96", help="the example input's shape, e.g. 1x3x96x96")
+    parser.add_argument("--model", default="mobilenet_v2", help="a benchmarks/speed.py model name, or zoo:NAME")
     parser.add_argument("--backends", default="", help="comma-separated (default: every registered backend)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output", default="")
@@ -75,28 +75,20 @@ def main() -> None:
         print(json.dumps(worker(args.worker, args.repeats)))
         return
 
-    import importlib.util
-
-    import torch
-
     import edgedyn
     from edgedyn.errors import EdgedynError
     from edgedyn.registry import BACKENDS
     from edgedyn.runtime import sysinfo
+    from speed import build_model  # the models and example inputs speed.py times
 
-    path, name = args.model.split(":")
-    loaded = importlib.util.spec_from_file_location("model_" + name, str(REPO / path))
-    module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)  # type: ignore[union-attr]
-    model = getattr(module, name)().eval()
-    example = torch.randn(*[int(size) for size in args.input.split("x")])
+    model, example, _ = build_model(args.model)
     backends = [name for name in (args.backends.split(",") if args.backends else BACKENDS) if name]
     results = {}  # type: Dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="edgedyn-idle-spin-") as workdir:
         for backend in backends:
             bundle = Path(workdir) / "{}.edgedyn".format(backend)
             try:
-                edgedyn.export(model, (example,), board="x86-64", backend=backend, output=bundle)
+                edgedyn.export(model, example, board="x86-64", backend=backend, output=bundle)
             except EdgedynError as error:
                 results[backend] = {"skipped": error.message}
                 continue
@@ -121,7 +113,7 @@ def main() -> None:
     stamp = datetime.datetime.now(datetime.timezone.utc)
     output = Path(args.output) if args.output else RESULTS / "{}-idle-spin.json".format(stamp.strftime("%Y-%m-%d"))
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps({"created": stamp.isoformat(), "model": args.model, "input": args.input,
+    output.write_text(json.dumps({"created": stamp.isoformat(), "model": args.model,
                                   "windows_s": WINDOWS_S, "calls_before_each_window": CALLS,
                                   "repeats": args.repeats, "environment": environment, "results": results},
                                  indent=2, default=str))

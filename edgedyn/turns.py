@@ -27,7 +27,7 @@ class Timing:
     2026-12-01 19:02: the example MobileNetV2's fp32 TFLite read 0.341 ms in the export, 0.19-0.21 ms in other
     runs, and onnxruntime's 0.223 ms won), so the fastest round decides.
 
-    Before each round the process waits until it is idle (_settle): a runtime's thread pool keeps
+    Before each round the process waits until it is idle (settle): a runtime's thread pool keeps
     spinning on a core after a call returns, and a round timed meanwhile has one core fewer. Measured on a 2-core
     x86 host (2026-12-02), CPU time of an otherwise sleeping process after its last call: numpy's OpenBLAS (the
     portable executor) kept one core busy for ~100 ms, onnxruntime ~50 ms, torch ~10 ms, LiteRT and TVM none.
@@ -77,7 +77,7 @@ def timed_in_turns(executors: Dict[str, Any], inputs: List[Any], timing: Timing,
         shift = index % len(turns)
         for name in turns[shift:] + turns[:shift]:
             if name not in rejected:
-                _settle()
+                settle()
                 median = attempt(name, lambda: _round_median_ms(calls[name], timing), rejected)
                 if median is not None:
                     per_round[name].append(median)
@@ -87,22 +87,22 @@ def timed_in_turns(executors: Dict[str, Any], inputs: List[Any], timing: Timing,
     return {name: medians[name] for name in executors if name in medians}
 
 
-# _settle: the process counts as idle once its threads used under IDLE_SHARE of one core over IDLE_WINDOW_S.
+# settle: idle once the CPU time grew by under IDLE_SHARE of one core over a window of IDLE_WINDOW_S.
 IDLE_WINDOW_S = 0.005
 IDLE_SHARE = 0.2
 SETTLE_MAX_S = 0.3
 
 
-def _settle() -> float:
-    """Waits until every thread of this process is idle (a thread pool that spins after its last call has stopped),
-    at most SETTLE_MAX_S; returns the seconds waited. Reads the process's CPU time, so a busy machine alone does
-    not make it wait."""
+def settle(cpu_seconds: Callable[[], float] = time.process_time, window_s: float = IDLE_WINDOW_S) -> float:
+    """Waits until the threads that `cpu_seconds` counts are idle (a thread pool that spins after its last call has
+    stopped), at most SETTLE_MAX_S; returns the seconds waited. Default: this process's CPU time, so a busy machine
+    alone does not make it wait (benchmarks/compare.py passes another process's)."""
     started = time.perf_counter()
     while True:
-        cpu, wall = time.process_time(), time.perf_counter()
-        time.sleep(IDLE_WINDOW_S)
+        cpu, wall = cpu_seconds(), time.perf_counter()
+        time.sleep(window_s)
         now = time.perf_counter()
-        if time.process_time() - cpu < IDLE_SHARE * (now - wall) or now - started >= SETTLE_MAX_S:
+        if cpu_seconds() - cpu < IDLE_SHARE * (now - wall) or now - started >= SETTLE_MAX_S:
             return now - started
 
 

@@ -243,7 +243,7 @@ def test_each_round_starts_once_the_process_is_idle(monkeypatch):
     import edgedyn.turns as turns
 
     events = []  # type: List[str]
-    monkeypatch.setattr(turns, "_settle", lambda: events.append("settle") or 0.0)
+    monkeypatch.setattr(turns, "settle", lambda: events.append("settle") or 0.0)
 
     class Calls:
         def __init__(self, name: str) -> None:
@@ -275,13 +275,13 @@ def test_settle_waits_while_a_thread_of_this_process_spins():
     timer = threading.Timer(0.08, stop.set)
     timer.start()
     try:
-        waited = turns._settle()
+        waited = turns.settle()
     finally:
         stop.set()
         timer.cancel()
         spinner.join()
     assert 0.07 <= waited <= turns.SETTLE_MAX_S + 0.05
-    assert turns._settle() < 0.07  # nothing of this process spins now: the first short look suffices
+    assert turns.settle() < 0.07  # nothing of this process spins now: the first short look suffices
 
 
 @pytest.mark.parametrize("one_thread_ms, recorded", [(0.5, 1), (0.97, None)])
