@@ -207,37 +207,55 @@ def _int8_or_fp32(int8: Artifact, fp32: Artifact, spec: Specialization, timing: 
     return _with_selection(int8, dict(int8_selection, why=why, **compared))
 
 
-# auto records one thread for an artifact only when one thread takes under this share of every core's time: timings
+# auto records a thread count for an artifact only when it takes under this share of every core's time: timings
 # on a shared machine wobble by ~5%, and a near tie keeps the runtime's default.
-ONE_THREAD_MUST_BEAT = 0.95
+FEWER_THREADS_MUST_BEAT = 0.95
+
+
+def thread_counts(cores: int) -> List[int]:
+    """The counts timed against every core: 1, 2, 4, ... below `cores` (a 6-core board: 1, 2, 4)."""
+    counts, count = [], 1
+    while count < cores:
+        counts.append(count)
+        count *= 2
+    return counts
 
 
 def _threads_chosen(artifact: Artifact, spec: Specialization, timing: Timing, step: Progress) -> Artifact:
-    """The measured winner, with `threads: 1` in its record when one thread ran it faster here than every core
-    (the runtime's default), timed against each other in turns; both times go into `selection.threads`.
+    """The measured winner, with `threads: N` in its record when N threads ran it faster here than every core
+    (the runtime's default), all timed against each other in turns; every time goes into `selection.threads`.
 
     Note: measured on a 2-core x86 host (2026-12-02, each in its own process), the example transformer block's
     TFLite took 0.0265-0.0275 ms on one thread and 0.027-0.030 ms on two, where two threads also fell into this
     VM's slow mode (0.075 ms) for seconds at a time; zoo:resnet's took 0.097-0.101 ms on one and 0.059-0.075 on
     two. A model too small to share among threads pays for the hand-off between them: which side of that a
-    model falls on is measured, not guessed. The caller's own thread count always wins at load."""
+    model falls on is measured, not guessed, and on a host with more cores a model may want some of them but not
+    all, so the powers of two below every core are timed too. The caller's own thread count always wins at load."""
     record = BACKENDS.get(artifact.backend)
-    if artifact.device != "cpu" or (os.cpu_count() or 1) < 2 or not getattr(record, "threads_per_model", False):
+    counts = thread_counts(os.cpu_count() or 1)
+    if artifact.device != "cpu" or not counts or not getattr(record, "threads_per_model", False):
         return artifact
+    labels = dict([("every core", None)] + [(_threads_label(count), count) for count in counts])
     with contextlib.ExitStack() as stack:
         executors = {label: stack.enter_context(open_executor(artifact, threads))[0]
-                     for label, threads in (("every core", None), ("one thread", 1))}
+                     for label, threads in labels.items()}
         timed = timed_in_turns(executors, _example_arrays(spec), timing, {})
-    if len(timed) < 2:
+    if "every core" not in timed or len(timed) < 2:
         return artifact
-    every, one = timed["every core"], timed["one thread"]
-    kept = "one thread" if one < ONE_THREAD_MUST_BEAT * every else "every core"
-    if kept == "one thread":
-        artifact.meta["threads"] = 1
-        step("{}: one thread runs it in {:.3g} ms, every core in {:.3g} ms: one thread recorded".format(
-            artifact.backend, one, every))
+    every = timed["every core"]
+    fastest = min((label for label in timed if label != "every core"), key=lambda label: timed[label])
+    kept = fastest if timed[fastest] < FEWER_THREADS_MUST_BEAT * every else "every core"
+    if kept != "every core":
+        artifact.meta["threads"] = labels[kept]
+        step("{}: {} run it in {:.3g} ms, every core in {:.3g} ms: {} recorded".format(
+            artifact.backend, kept, timed[kept], every, kept))
     return _with_selection(artifact, dict(artifact.meta["selection"], threads={
-        "every_core_ms": round(every, 4), "one_thread_ms": round(one, 4), "kept": kept}))
+        "every_core_ms": round(every, 4), "kept": kept,
+        "threads_ms": {str(labels[label]): round(ms, 4) for label, ms in timed.items() if label != "every core"}}))
+
+
+def _threads_label(count: int) -> str:
+    return "one thread" if count == 1 else "{} threads".format(count)
 
 
 def _by_preference(build: Callable[[str], Artifact], board: Board, target: Target, spec: Specialization,

@@ -284,11 +284,12 @@ def test_settle_waits_while_a_thread_of_this_process_spins():
     assert turns.settle() < 0.07  # nothing of this process spins now: the first short look suffices
 
 
-@pytest.mark.parametrize("one_thread_ms, recorded", [(0.5, 1), (0.97, None)])
-def test_auto_records_one_thread_only_when_one_thread_is_clearly_faster(monkeypatch, loop_spec, one_thread_ms,
-                                                                         recorded):
-    """The measured winner is timed on one thread against every core; one thread is recorded (and used by the
-    runtime when the caller gives no count) only when it takes under ONE_THREAD_MUST_BEAT of every core's time."""
+@pytest.mark.parametrize("one_ms, two_ms, recorded", [(0.5, 0.7, 1), (0.97, 0.6, 2), (0.97, 0.96, None)])
+def test_auto_records_a_thread_count_only_when_it_is_clearly_faster(monkeypatch, loop_spec, one_ms, two_ms,
+                                                                    recorded):
+    """The measured winner is timed on 1, 2, 4, ... threads below every core against every core; the fastest count
+    is recorded (and used by the runtime when the caller gives no count) only when it takes under
+    FEWER_THREADS_MUST_BEAT of every core's time."""
     import edgedyn.selection as selection
 
     spec, program = loop_spec
@@ -300,17 +301,26 @@ def test_auto_records_one_thread_only_when_one_thread_is_clearly_faster(monkeypa
     asked = []  # type: List[Dict[str, Any]]
 
     def timed(executors, inputs, timing, rejected):  # type: ignore[no-untyped-def]
-        if set(executors) != {"every core", "one thread"}:
+        if "every core" not in executors:
             return real(executors, inputs, timing, rejected)  # the backends against each other
         asked.append({label: executor.describe()["threads"] for label, executor in executors.items()})
-        return {"every core": 1.0, "one thread": one_thread_ms}
+        return {"every core": 1.0, "one thread": one_ms, "2 threads": two_ms}
 
     monkeypatch.setattr(selection, "timed_in_turns", timed)
     artifact = choose("auto", program, board, board.target("cpu"), spec, timing=FAST)
-    assert asked == [{"every core": None, "one thread": 1}]  # None: the runtime's default, every core
+    # None: the runtime's default, every core; 4 cores: the powers of two below it
+    assert asked == [{"every core": None, "one thread": 1, "2 threads": 2}]
     assert artifact.meta.get("threads") == recorded
-    assert artifact.meta["selection"]["threads"] == {"every_core_ms": 1.0, "one_thread_ms": one_thread_ms,
-                                                     "kept": "one thread" if recorded else "every core"}
+    kept = {1: "one thread", 2: "2 threads", None: "every core"}[recorded]
+    assert artifact.meta["selection"]["threads"] == {"every_core_ms": 1.0, "threads_ms": {"1": one_ms, "2": two_ms},
+                                                     "kept": kept}
+
+
+@pytest.mark.parametrize("cores, counts", [(1, []), (2, [1]), (4, [1, 2]), (6, [1, 2, 4]), (16, [1, 2, 4, 8])])
+def test_thread_counts_timed_against_every_core(cores, counts):
+    from edgedyn.selection import thread_counts
+
+    assert thread_counts(cores) == counts
 
 
 def _runs(order: List[str]) -> List[str]:
