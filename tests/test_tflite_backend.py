@@ -54,6 +54,14 @@ def test_mobilenet_runs_nhwc_inside_with_one_transpose(tflite_bundle):
     assert list(subgraph.Tensors(subgraph.Outputs(0)).ShapeAsNumpy()) == [1, 1000]
 
 
+def test_activations_are_fused_into_the_ops_before_them(tflite_bundle):
+    """Every ReLU6 of MobileNetV2 follows a convolution and is its fused_activation_function, as TFLite's own
+    converter writes it: no RELU6 operator (and no tensor for it) is left in the file."""
+    (spec,) = rt.read_manifest(tflite_bundle("mobilenet_v2"))["specializations"]
+    ops = spec["artifacts"][0]["tflite_ops"]
+    assert {"CONV_2D", "DEPTHWISE_CONV_2D"} <= set(ops) and not {"RELU", "RELU6"} & set(ops), ops
+
+
 def test_mlp_has_one_model_per_batch_size(tflite_bundle):
     manifest = rt.read_manifest(tflite_bundle("mlp"))
     shapes = [s["inputs"][0]["shape"] for s in manifest["specializations"]]

@@ -81,8 +81,15 @@ CASES = {
     "nhwc_plus_row_vector": (Fn(lambda m, x, r: m[0](x) + r), [IMG, (11,)], conv(padding=1)),
     "residual_nhwc": (Fn(lambda m, x: m[1](m[0](x)) + m[0](x)), [IMG], conv(4, 4, padding=1), conv(4, 4, padding=1)),
     "maximum_minimum_pow": (Fn(lambda m, a, b: torch.maximum(a, b) + torch.minimum(a, b) ** 2), [(4, 5), (4, 5)]),
-    # activations
+    # activations; a lone ReLU/ReLU6 after a convolution, linear, add, sub or mul is fused into it
     "relu": (seq(nn.ReLU()), [(3, 8)]),
+    "conv_relu": (seq(conv(padding=1), nn.ReLU()), [IMG]),
+    "depthwise_relu6": (seq(conv(4, 4, groups=4, padding=1), nn.ReLU6()), [IMG]),
+    "grouped_conv_relu": (seq(conv(4, 6, groups=2, padding=1), nn.ReLU()), [IMG]),
+    "linear_relu": (seq(nn.Linear(16, 7), nn.ReLU()), [(3, 16)]),
+    "residual_add_relu": (Fn(lambda m, x: torch.relu(m[0](x) + x)), [IMG], conv(4, 4, padding=1)),
+    "sub_relu6_mul_relu": (Fn(lambda m, a, b: F.relu6(a - b) + torch.relu(a * b)), [(2, 3, 4), (2, 3, 4)]),
+    "conv_output_also_read_unclamped": (Fn(lambda m, x: torch.relu(m[0](x)) * m[0](x)), [IMG], conv()),
     "relu6": (seq(conv(padding=1), nn.ReLU6()), [IMG]),
     "hardtanh_other_bounds": (seq(nn.Hardtanh(-0.5, 0.7)), [(3, 8)]),
     "hardtanh_minus1_1": (seq(nn.Hardtanh()), [(3, 8)]),

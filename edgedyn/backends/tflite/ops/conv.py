@@ -7,6 +7,7 @@ import torch
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value
+from edgedyn.backends.tflite.ops.fusion import NONE, fused, fused_activation
 from edgedyn.backends.tflite.ops.padding import pair, spatial_padding
 
 aten = torch.ops.aten
@@ -31,7 +32,9 @@ def convolution(ctx: Lowering, node: Any, x: Value, weight: Value, bias: Optiona
         from edgedyn.backends.tflite.ops import quantized
 
         return quantized.convolution(ctx, node, x, w, b, stride, padding, dilation, groups)
-    return _conv2d(ctx, ctx.dequantized(x), w, b, stride, padding, dilation, groups, shape)
+    activation, produced = fused_activation(node)
+    out = _conv2d(ctx, ctx.dequantized(x), w, b, stride, padding, dilation, groups, shape, activation)
+    return fused(ctx, produced, node, out)
 
 
 def _conv1d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: Sequence[int], padding: Sequence[int],
@@ -45,12 +48,13 @@ def _conv1d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: Seque
 
 
 def _conv2d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: List[int], padding: List[int],
-            dilation: List[int], groups: int, shape: List[int]) -> Value:
+            dilation: List[int], groups: int, shape: List[int], activation: int = NONE) -> Value:
+    """The convolution in NHWC; `activation` (fusion.py) is applied by the op itself."""
     out_channels, per_group, kh, kw = w.shape
     in_channels = x.shape[1]
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, (kh, kw), stride, padding, dilation)
     fields = dict(padding=mode, stride_h=stride[0], stride_w=stride[1], dilation_h_factor=dilation[0],
-                  dilation_w_factor=dilation[1])
+                  dilation_w_factor=dilation[1], fused_activation_function=activation)
     if groups == 1:
         inputs = [source, ctx.writer.constant(w.transpose(0, 2, 3, 1)), ctx.writer.constant(b)]
         return ctx.emit("CONV_2D", inputs, shape, layout.NHWC, "Conv2DOptions", **fields)

@@ -7,6 +7,7 @@ import torch
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value, constant
+from edgedyn.backends.tflite.ops.fusion import NONE, fused, fused_activation
 from edgedyn.backends.tflite.ops.integers import cast
 
 aten = torch.ops.aten
@@ -29,7 +30,7 @@ def binary(ctx: Lowering, op: str, a: Any, b: Any, shape: Sequence[int], options
 
 
 def elementwise(ctx: Lowering, op: str, operands: Sequence[Any], shape: Sequence[int], options: Optional[str] = None,
-                dtype: Any = np.float32) -> Value:
+                dtype: Any = np.float32, **fields: Any) -> Value:
     """`op` over broadcast operands (two, or three for SELECT_V2) giving torch shape `shape` of `dtype`; python
     numbers become scalar constants of the operands' type. TFLite wants one input type where torch promotes
     (int + float, int32 + int64): tensors of another type are cast to it first."""
@@ -42,7 +43,7 @@ def elementwise(ctx: Lowering, op: str, operands: Sequence[Any], shape: Sequence
     operands = [cast(ctx, v, common) if isinstance(v, Value) and v.dtype not in (np.bool_, common) else v
                 for v in operands]
     inputs = [_operand(ctx, v, rank, perm, common) for v in operands]
-    return ctx.emit(op, inputs, shape, perm, options, dtype)
+    return ctx.emit(op, inputs, shape, perm, options, dtype, **fields)
 
 
 def _operand(ctx: Lowering, value: Any, rank: int, perm: layout.Perm, number_dtype: Any) -> int:
@@ -74,12 +75,21 @@ def _scaled(ctx: Lowering, node: Any, value: Any, alpha: float) -> Any:
     return binary(ctx, "MUL", value, float(alpha), value.shape, "MulOptions")
 
 
+def _with_activation(ctx: Lowering, node: Any, op: str, a: Any, b: Any, options: str) -> Value:
+    """A float ADD, SUB or MUL with a ReLU/ReLU6 that follows it fused (a residual block's add + relu)."""
+    dtype = _dtype(node)
+    activation, produced = fused_activation(node) if dtype == np.float32 else (NONE, node)
+    fields = {"fused_activation_function": activation} if activation != NONE else {}
+    out = elementwise(ctx, op, (a, b), _shape(node), options, dtype, **fields)
+    return fused(ctx, produced, node, out)
+
+
 def add(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
-    return binary(ctx, "ADD", a, _scaled(ctx, node, b, alpha), _shape(node), "AddOptions", _dtype(node))
+    return _with_activation(ctx, node, "ADD", a, _scaled(ctx, node, b, alpha), "AddOptions")
 
 
 def sub(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
-    return binary(ctx, "SUB", a, _scaled(ctx, node, b, alpha), _shape(node), "SubOptions", _dtype(node))
+    return _with_activation(ctx, node, "SUB", a, _scaled(ctx, node, b, alpha), "SubOptions")
 
 
 def rsub(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
@@ -87,7 +97,7 @@ def rsub(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
 
 
 def mul(ctx: Lowering, node: Any, a: Any, b: Any) -> Value:
-    return binary(ctx, "MUL", a, b, _shape(node), "MulOptions", _dtype(node))
+    return _with_activation(ctx, node, "MUL", a, b, "MulOptions")
 
 
 def div(ctx: Lowering, node: Any, a: Any, b: Any, rounding_mode: Optional[str] = None) -> Value:

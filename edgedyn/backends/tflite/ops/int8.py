@@ -24,7 +24,8 @@ from edgedyn.backends.tflite.ops import pooling, shapes
 from edgedyn.backends.tflite.ops.elementwise import operand_layout
 from edgedyn.backends.tflite.ops.pad import stored_pads
 from edgedyn.backends.tflite.ops.padding import MAX_POOL_FILL, pair, spatial_padding
-from edgedyn.backends.tflite.ops.quantized import fused_activation, output_quant
+from edgedyn.backends.tflite.ops.fusion import fused_activation
+from edgedyn.backends.tflite.ops.quantized import output_quant
 from edgedyn.backends.tflite.writer import Quant
 
 aten = torch.ops.aten

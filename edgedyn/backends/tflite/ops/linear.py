@@ -8,6 +8,7 @@ from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value
 from edgedyn.backends.tflite.ops.elementwise import binary
+from edgedyn.backends.tflite.ops.fusion import NONE, fused, fused_activation
 
 aten = torch.ops.aten
 _NO_BIAS = -1  # TFLite's marker for an omitted optional input
@@ -25,8 +26,10 @@ def fully_connected(ctx: Lowering, node: Any, x: Value, weight: np.ndarray, bias
     if bias is not None and bias.is_constant and bias.data.shape == (weight.shape[0],):
         bias_tensor, bias = ctx.writer.constant(bias.data.astype(np.float32)), None
     inputs = [ctx.tensor(x, layout.identity(x.rank)), ctx.writer.constant(weight.astype(np.float32)), bias_tensor]
-    out = ctx.emit("FULLY_CONNECTED", inputs, shape, None, "FullyConnectedOptions", keep_num_dims=x.rank > 2)
-    return binary(ctx, "ADD", out, bias, shape, "AddOptions") if bias is not None else out
+    activation, produced = fused_activation(node) if bias is None else (NONE, node)
+    out = ctx.emit("FULLY_CONNECTED", inputs, shape, None, "FullyConnectedOptions", keep_num_dims=x.rank > 2,
+                   fused_activation_function=activation)
+    return binary(ctx, "ADD", out, bias, shape, "AddOptions") if bias is not None else fused(ctx, produced, node, out)
 
 
 def batch_matmul(ctx: Lowering, node: Any, a: Value, b: Value) -> Value:

@@ -14,29 +14,16 @@ import torch
 
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.lowering import Lowering, Value
+from edgedyn.backends.tflite.ops.fusion import fused_activation
 from edgedyn.backends.tflite.ops.padding import spatial_padding
 from edgedyn.backends.tflite.writer import Quant
 from edgedyn.quantize.ranges import per_channel_weights, qparams
 
 aten = torch.ops.aten
 _NO_BIAS = -1
-RELU, RELU6 = 1, 3  # ActivationFunctionType
 # Operator versions from which LiteRT's registrations describe int8 (static) and hybrid (weight-only) kernels.
 STATIC_VERSIONS = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": 4}
 HYBRID_VERSIONS = {"CONV_2D": 5, "DEPTHWISE_CONV_2D": 6, "FULLY_CONNECTED": 3}
-
-
-def fused_activation(node: Any) -> Tuple[int, Any]:
-    """(ActivationFunctionType, node whose output the op then produces) for a lone ReLU/ReLU6 user of `node`."""
-    users = list(node.users)
-    if len(users) != 1:
-        return 0, node
-    user = users[0]
-    if user.target == aten.relu.default:
-        return RELU, user
-    if user.target in (aten.hardtanh.default, aten.clamp.default) and tuple(user.args[1:3]) in ((0, 6), (0.0, 6.0)):
-        return RELU6, user
-    return 0, node
 
 
 def output_quant(ctx: Lowering, node: Any) -> Quant:
