@@ -408,6 +408,33 @@ def test_an_encoder_gets_dynamic_int8_matmul_that_matches_torch_on_fresh_inputs(
     assert output_metrics([edgedyn.runtime.load(path)(x)], [want])["cosine"] > 0.99
 
 
+def test_a_weight_that_two_ops_read_is_quantized_for_each(tmp_path):
+    """onnxruntime's static quantizer refuses an initializer read by two quantized nodes (the zoo PoolFormer's
+    layer scales); the backend gives each reader its own copy first, and the result still matches torch."""
+    import torch
+    from torch import nn
+
+    class SharedScale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv = nn.Conv2d(4, 4, 3, padding=1)
+            self.scale = nn.Parameter(torch.rand(4, 1, 1) + 0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x * self.scale) * self.scale
+
+    model = SharedScale().eval()
+    path = edgedyn.export(model, (torch.randn(1, 4, 16, 16),), backend="onnxruntime", quantize="int8",
+                          calibration=calibration((1, 4, 16, 16)), output=tmp_path / "shared.edgedyn")
+    (record,) = quantization_records(path)
+    assert record["scheme"].startswith("static QDQ") and "QuantizeLinear" in record["onnx_ops"]
+    x = np.random.default_rng(5).standard_normal((1, 4, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    assert output_metrics([edgedyn.runtime.load(path)(x)], [want])["cosine"] > 0.99
+
+
 def test_what_stayed_in_float_reads_as_words():
     from edgedyn.quantize.plan import float_ops_text
 

@@ -47,6 +47,8 @@ def quantize(onnx: Any, model: Any, quantization: Any, input_names: List[str]) -
 
 def _quantize(onnx: Any, model: Any, quantization: Any, input_names: List[str], ort_quantization: Any,
               before: int) -> Tuple[Any, Dict[str, Any]]:
+    if quantization.static:
+        model = _initializers_unshared(model)
     with tempfile.TemporaryDirectory(prefix="edgedyn-quantize-") as workdir:
         source = Path(workdir) / "float.onnx"
         onnx.save(model, str(source))
@@ -99,6 +101,42 @@ def _attempt_builder(onnx: Any, ort_quantization: Any, quantization: Any, input_
         return onnx.load(str(target))
 
     return attempt
+
+
+def _initializers_unshared(model: Any) -> Any:
+    """A copy of `model` in which each node reads its own copy of a float initializer that several nodes read.
+
+    Note: onnxruntime's static quantizer (1.32) refuses a weight read by two quantized nodes ("Quantization
+    parameter shared mode is not supported for weight yet"); the exporter stores equal constants once, and the zoo
+    PoolFormer's layer-scale Muls share them (16 to 128 floats each). Only float initializers are copied (shapes
+    and axes are integers), and only for the static path: the dynamic one quantizes MatMul/Gemm alone, where a
+    tied embedding would otherwise be stored twice."""
+    import copy
+
+    from onnx import numpy_helper
+
+    floats = {t.name: t for t in model.graph.initializer if numpy_helper.to_array(t).dtype.kind == "f"}
+    readers = {}  # type: Dict[str, int]
+    for node in model.graph.node:
+        for name in node.input:
+            if name in floats:
+                readers[name] = readers.get(name, 0) + 1
+    if not any(count > 1 for count in readers.values()):
+        return model
+    model = copy.deepcopy(model)
+    seen = {}  # type: Dict[str, int]
+    for index, node in enumerate(model.graph.node):
+        for position, name in enumerate(node.input):
+            if readers.get(name, 0) < 2:
+                continue
+            seen[name] = seen.get(name, 0) + 1
+            if seen[name] == 1:
+                continue  # the first reader keeps the original
+            twin = copy.deepcopy(floats[name])
+            twin.name = "{}__reader{}".format(name, seen[name])
+            model.graph.initializer.append(twin)
+            node.input[position] = twin.name
+    return model
 
 
 def _initializer_bytes(model: Any) -> int:
