@@ -7,7 +7,7 @@ ReLU/ReLU6 that follows it, which is fused (fused_activation_function) so the cl
 Weight-only (`--quantize int8-weights`): float input and output, int8 per-channel weights: TFLite's hybrid kernels
 quantize the input on the fly (dynamic range quantization).
 """
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
