@@ -356,6 +356,11 @@ def worker(task_path: str) -> None:
         call, outputs = build_call(task, task["threads"])
         for _ in range(5):
             call()
+        if task.get("calls") is not None:  # instructions.py: exactly this many calls, counted from outside
+            for _ in range(task["calls"]):
+                call()
+            print("RESULT " + json.dumps({"calls": task["calls"]}))
+            return
         times = []  # type: List[float]
         deadline = time.perf_counter() + task["seconds"]
         while len(times) < 10 or time.perf_counter() < deadline:
@@ -388,6 +393,17 @@ def run_worker(task: Dict[str, Any], workdir: Path) -> Dict[str, Any]:
 
 # --- the run ---
 
+def cpu_features() -> List[str]:
+    """The vector extensions that decide which kernels run (int8 above all: VNNI or not)."""
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+    try:
+        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features")))
+                    .split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return []
+    return [flag for flag in wanted if flag in flags]
+
+
 def cpu_model() -> str:
     """The CPU's name as `edgedyn bench` reports it (edgedyn/runtime/sysinfo.py reads /proc/cpuinfo)."""
     from edgedyn.runtime import sysinfo
@@ -395,7 +411,8 @@ def cpu_model() -> str:
     return sysinfo.environment().get("cpu_model") or platform.machine()
 
 
-def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> Dict[str, Any]:
+def fresh_inputs(name: str, workdir: Path) -> Tuple[str, Dict[str, Any]]:
+    """(the model's kind, the task fields every worker of it reads: fresh inputs, and torch eager's output on them)."""
     import numpy as np
     import torch
 
@@ -405,13 +422,18 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> Dict[str,
         reference = _as_list(model(*[torch.from_numpy(a) for a in fresh]))[0].numpy()
     np.savez(str(workdir / "inputs.npz"), **{"arg{}".format(i): a for i, a in enumerate(fresh)})
     np.savez(str(workdir / "reference.npz"), out0=reference)
+    return kind, {"inputs": str(workdir / "inputs.npz"), "arity": len(fresh),
+                  "reference": str(workdir / "reference.npz")}
+
+
+def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> Dict[str, Any]:
+    kind, common = fresh_inputs(name, workdir)
     tasks, record = {}, {"kind": kind, "variants": {}}  # type: Dict[str, Dict[str, Any]], Dict[str, Any]
     for variant in variants_for(kind, args.variants):
         print("[{}] building {}".format(name, variant), file=sys.stderr, flush=True)
         try:
-            tasks[variant] = dict(prepare(variant, name, workdir, args), inputs=str(workdir / "inputs.npz"),
-                                  arity=len(fresh), reference=str(workdir / "reference.npz"),
-                                  threads=args.threads, seconds=args.seconds)
+            tasks[variant] = dict(prepare(variant, name, workdir, args), threads=args.threads, seconds=args.seconds,
+                                  **common)
         except Exception as error:
             message = "{}: {}".format(type(error).__name__, (str(error).strip().splitlines() or [""])[0])
             record["variants"][variant] = {"error": message[:400]}
@@ -468,7 +490,8 @@ def main() -> None:
     import torch
 
     results = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "cpu": cpu_model(), "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds,
+               "cpu": cpu_model(), "cpu_features": cpu_features(), "cores": os.cpu_count(), "threads": args.threads,
+               "rounds": args.rounds,
                "seconds_per_worker": args.seconds, "edgedyn_backend": args.edgedyn_backend,
                "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
                             "python": platform.python_version()},
@@ -487,8 +510,8 @@ def main() -> None:
             results["models"][name] = bench_model(name, args, Path(workdir))
         results["load_average"] = os.getloadavg()  # after each model: how busy the machine was while it ran
         out.write_text(json.dumps(results, indent=2, sort_keys=True))  # after each model: a long run keeps its part
-    print("{} ({} threads, median of {} rounds, each variant in its own process; load average {:.2f})".format(
-        results["cpu"], args.threads, args.rounds, os.getloadavg()[0]))
+    print("{} [{}] ({} threads, median of {} rounds, each variant in its own process; load average {:.2f})".format(
+        results["cpu"], " ".join(results["cpu_features"]), args.threads, args.rounds, os.getloadavg()[0]))
     print(summary(results))
     print("results: {}".format(out.relative_to(REPO)))
 

@@ -380,3 +380,50 @@ def test_bench_reports_that_the_portable_executor_allocates_no_intermediates(exp
     allocations = report["per_call_allocations"]
     assert allocations["output_bytes"] == 1000 * 4  # the 1x1000 logits
     assert allocations["beyond_outputs_bytes"] < 256 * 1024  # numpy's iterator buffers; intermediates: ~1 MB arena
+
+
+# --- benchmarks/speed_report.py: how speed.py judges issue 12's bars on a noisy machine ---
+
+def _speed_report():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("speed_report", str(Path(__file__).resolve().parents[1] /
+                                                                      "benchmarks" / "speed_report.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("edgedyn_rounds, verdict", [
+    ([0.8, 0.9, 0.95], "met"),              # faster than the peer in every round
+    ([0.9, 1.0, 1.1], "within noise"),      # faster in one round, slower in another: a tie at this noise
+    ([1.05, 1.2, 1.1], "missed"),           # slower in every round
+])
+def test_speed_report_judges_a_bar_by_its_round_by_round_ratios(edgedyn_rounds, verdict) -> None:
+    report = _speed_report()
+    record = {"kind": "cnn", "variants": {
+        "onnxruntime-direct": {"median_ms": 1.0, "rounds_ms": [1.0, 1.0, 1.0]},
+        "edgedyn-fp32": {"median_ms": sorted(edgedyn_rounds)[1], "rounds_ms": edgedyn_rounds}}}
+    compared = report.paired_ratio(record, "onnxruntime-direct", "edgedyn-fp32")
+    assert compared["verdict"] == verdict
+    assert compared["rounds"] == pytest.approx([1.0 / t for t in edgedyn_rounds])
+    # the same ratios against a 1.3x bar (BERT-style encoders) are never met
+    assert report.paired_ratio(record, "onnxruntime-direct", "edgedyn-fp32", 1.3)["verdict"] == "missed"
+
+
+def test_speed_report_bars_follow_the_issue_and_skip_an_int8_that_was_not_kept() -> None:
+    report = _speed_report()
+    assert report.bar_for("fp32 vs onnxruntime-direct", "zoo:distilbert", "encoder") == 1.3
+    assert report.bar_for("fp32 vs onnxruntime-direct", "zoo:vit", "encoder") == 1.0
+    assert report.bar_for("int8 vs own fp32", "zoo:resnet", "cnn") == 2.0
+    assert report.bar_for("int8 vs own fp32", "zoo:gpt2", "decoder") is None
+    assert report.bar_for("int8 vs executorch int8", "zoo:vit", "encoder") is None
+    kept_fp32 = {"selection": {"precision": "fp32", "why": "int8 is not faster here"}}
+    results = {"models": {"zoo:resnet": {"kind": "cnn", "variants": {
+        "onnxruntime-direct": {"median_ms": 1.0, "rounds_ms": [1.0, 1.0]},
+        "edgedyn-fp32": {"median_ms": 0.5, "rounds_ms": [0.5, 0.5]},
+        "edgedyn-int8": {"median_ms": 0.5, "rounds_ms": [0.5, 0.5], "recorded": kept_fp32}}}}}
+    text = report.against_the_bars(results)
+    assert "fp32 kept (int8 not faster in the export)" in text
+    assert "- int8 vs own fp32: met on 0, within the run's noise on 0, missed on 0" not in text  # nothing judged
+    assert "- fp32 vs onnxruntime-direct: met on 1, within the run's noise on 0, missed on 0" in text
