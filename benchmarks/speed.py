@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Tuple
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's edgedyn, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # speed_report beside this file
-from speed_report import VARIANTS, add_speedups, summary  # noqa: E402
+from speed_report import VARIANTS, add_speedups, joined, summary  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 CALIBRATION_SAMPLES, EVAL_SAMPLES = 64, 32
@@ -473,14 +473,21 @@ def main() -> None:
     parser.add_argument("--edgedyn-backend", default="auto")
     parser.add_argument("--compile-rounds", type=int, default=1, help="rounds for torch-compile (it compiles anew "
                         "in each worker)")
-    parser.add_argument("--summarize", metavar="RESULTS.json", help="print the tables of an earlier run, measure nothing")
+    parser.add_argument("--summarize", metavar="RESULTS.json", nargs="+", help="print the tables of an earlier run, "
+                        "measure nothing; several files are read as one run (a stopped run and its rest)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker)
         return
     if args.summarize:
-        print(summary(json.loads(Path(args.summarize).read_text())))
+        try:
+            runs = joined([json.loads(Path(path).read_text()) for path in args.summarize])
+        except (OSError, ValueError) as error:
+            parser.error(str(error))
+        print("{} ({} threads, median of {} rounds; started {})".format(runs["cpu"], runs["threads"], runs["rounds"],
+                                                                       runs["created"]))
+        print(summary(runs))
         return
     args.variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in args.variants if v not in VARIANTS]

@@ -1,7 +1,7 @@
 """speed.py's report: per model, each variant's time and its speed-up over onnxruntime-direct, and issue 12's bars,
-on the median of rounds and on each variant's best round. `python benchmarks/speed.py --summarize RESULTS.json`
-prints it for an earlier run."""
-from typing import Any, Dict, Optional
+on the median of rounds and on each variant's best round. `python benchmarks/speed.py --summarize RESULTS.json
+[MORE.json ...]` prints it for an earlier run, or for one run's models split over several files."""
+from typing import Any, Dict, List, Optional
 
 VARIANTS = ("edgedyn-fp32", "edgedyn-int8", "onnxruntime-direct", "onnxruntime-transformer-optimizer",
             "executorch-xnnpack-fp32", "executorch-xnnpack-int8", "torch-eager", "torch-compile")
@@ -15,6 +15,31 @@ def add_speedups(record: Dict[str, Any]) -> None:
     for entry in record["variants"].values():
         if direct and entry.get("median_ms"):
             entry["speedup_vs_onnxruntime_direct"] = direct / entry["median_ms"]
+
+
+# What must agree before two result files are read as one run: ratios from another CPU, thread count or timing
+# method are not comparable, however close the dates.
+SAME_RUN = ("cpu", "cpu_features", "cores", "threads", "rounds", "seconds_per_worker", "edgedyn_backend", "versions")
+
+
+def joined(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Several result files read as one run (a long run that was stopped, then finished with the models it had not
+    reached): their models in order, each run's start in `created`. Refuses files measured differently (SAME_RUN)
+    or that time one model twice."""
+    first = runs[0]
+    for run in runs[1:]:
+        differ = [key for key in SAME_RUN if run.get(key) != first.get(key)]
+        if differ:
+            raise ValueError("{} and {} were not measured the same way ({} differ): their ratios are not one "
+                             "run's".format(first.get("created"), run.get("created"), ", ".join(differ)))
+    models = {}  # type: Dict[str, Any]
+    for run in runs:
+        twice = sorted(set(models) & set(run["models"]))
+        if twice:
+            raise ValueError("{} timed in more than one file: {}".format(", ".join(twice), run.get("created")))
+        models.update(run["models"])
+    return dict(first, created=", ".join(str(run.get("created")) for run in runs), models=models,
+                load_average=[run.get("load_average") for run in runs])
 
 
 def table(results: Dict[str, Any]) -> str:

@@ -427,3 +427,20 @@ def test_speed_report_bars_follow_the_issue_and_skip_an_int8_that_was_not_kept()
     assert "fp32 kept (int8 not faster in the export)" in text
     assert "- int8 vs own fp32: met on 0, within the run's noise on 0, missed on 0" not in text  # nothing judged
     assert "- fp32 vs onnxruntime-direct: met on 1, within the run's noise on 0, missed on 0" in text
+
+
+def test_speed_report_joins_a_stopped_run_and_its_rest_only_when_measured_alike() -> None:
+    report = _speed_report()
+    run = {"cpu": "AMD EPYC", "cpu_features": ["avx2"], "cores": 2, "threads": 2, "rounds": 3,
+           "seconds_per_worker": 2.0, "edgedyn_backend": "auto", "versions": {"onnxruntime": "1.32.0"}}
+    first = dict(run, created="06:37", load_average=[1.0], models={"mlp": {"kind": "mlp", "variants": {}}})
+    rest = dict(run, created="08:25", load_average=[1.2], models={"zoo:vit": {"kind": "encoder", "variants": {}}})
+    both = report.joined([first, rest])
+    assert list(both["models"]) == ["mlp", "zoo:vit"]
+    assert both["created"] == "06:37, 08:25" and both["load_average"] == [[1.0], [1.2]]
+    with pytest.raises(ValueError, match="threads differ"):
+        report.joined([first, dict(rest, threads=1)])
+    with pytest.raises(ValueError, match="cpu_features differ"):  # another CPU's kernels: not one run's ratios
+        report.joined([first, dict(rest, cpu_features=["avx2", "avx512_vnni"])])
+    with pytest.raises(ValueError, match="mlp timed in more than one file"):
+        report.joined([first, dict(rest, models=first["models"])])
