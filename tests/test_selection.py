@@ -90,9 +90,22 @@ def d_mid(build: Build) -> Artifact:
     return _clocked(build, "d_mid", 3.0)
 
 
+def e_fast_on_one_thread(build: Build) -> Artifact:
+    """3 ms on every core, 1 ms on one thread: a model too small to share among threads."""
+    artifact = _clocked(build, "e_fast_on_one_thread", 3.0)
+    artifact.meta["ms_on_threads"] = {"1": 1.0}
+    return artifact
+
+
+def g_int8_two_ms(build: Build) -> Artifact:
+    """2 ms on any thread count when quantized; its fp32 build is slow (8 ms), so it never wins fp32."""
+    return _clocked(build, "g_int8_two_ms", 8.0 if build.quantization is None else 2.0)
+
+
 class ClockedExecutor:
     def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
-        self.name, self.seconds = artifact["backend"], artifact["ms"] / 1000.0
+        milliseconds = artifact.get("ms_on_threads", {}).get(str(options.get("threads")), artifact["ms"])
+        self.name, self.seconds = artifact["backend"], milliseconds / 1000.0
         self.outputs = [np.asarray(value, np.float32) for value in artifact["outputs"]]
 
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
@@ -389,6 +402,32 @@ def test_int8_and_fp32_winners_are_timed_against_each_other(monkeypatch, loop_sp
     assert recorded["fp32_medians_ms"] == {"a_slow": 4.0, "d_mid": 3.0}
     assert recorded["head_to_head_ms"] == {"int8": 4.0, "fp32": 3.0}
     assert artifact.backend == "d_mid" and recorded["why"].startswith("int8 is not faster here")
+
+
+def test_int8_and_fp32_are_compared_on_the_thread_counts_their_bundles_run_with(monkeypatch, loop_spec):
+    """On every core int8 (2 ms) beats fp32 (3 ms), but the fp32 artifact runs in 1 ms on the one thread auto
+    records for it: the fp32 bundle is the faster one, and it is kept, with one thread."""
+    import edgedyn.selection as selection
+    from edgedyn.quantize import Quantization
+
+    spec, program = loop_spec
+    board = load_board("x86-64")
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch)
+    monkeypatch.setattr(selection.os, "cpu_count", lambda: 2)
+    monkeypatch.setitem(BACKENDS, "e_fast_on_one_thread", dataclasses.replace(
+        _stand_in("e_fast_on_one_thread", "e_fast_on_one_thread"), threads_per_model=True))
+    monkeypatch.setitem(BACKENDS, "g_int8_two_ms", dataclasses.replace(
+        _stand_in("g_int8_two_ms", "g_int8_two_ms", quantizes=True), threads_per_model=True))
+    quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]])
+    timing = Timing(warmup=1, min_runs=3, max_runs=5, seconds=0.032, clock=CLOCK)
+    artifact = choose("auto", program, board, board.target("cpu"), spec, timing=timing, quantization=quantization)
+    recorded = artifact.meta["selection"]
+    assert artifact.backend == "e_fast_on_one_thread" and artifact.meta["threads"] == 1
+    assert recorded["head_to_head_ms"] == {"int8": 2.0, "fp32": 1.0}
+    assert recorded["head_to_head_threads"] == {"int8": "every core", "fp32": "one thread"}
+    assert recorded["why"].startswith("int8 is not faster here: the fastest int8 (g_int8_two_ms 2 ms) takes 2.00x")
 
 
 def _gate_of(cosines: Dict[str, float], calls: List[str]) -> Any:
