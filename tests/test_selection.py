@@ -102,6 +102,11 @@ def g_int8_two_ms(build: Build) -> Artifact:
     return _clocked(build, "g_int8_two_ms", 8.0 if build.quantization is None else 2.0)
 
 
+def h_int8_five_percent_slower(build: Build) -> Artifact:
+    """0.525 ms quantized, 5% slower than b_fast's fp32; its own fp32 build is slow (8 ms)."""
+    return _clocked(build, "h_int8_five_percent_slower", 8.0 if build.quantization is None else 0.525)
+
+
 class ClockedExecutor:
     def __init__(self, bundle: Any, artifact: Dict[str, Any], options: Dict[str, Any]) -> None:
         milliseconds = artifact.get("ms_on_threads", {}).get(str(options.get("threads")), artifact["ms"])
@@ -402,6 +407,27 @@ def test_int8_and_fp32_winners_are_timed_against_each_other(monkeypatch, loop_sp
     assert recorded["fp32_medians_ms"] == {"a_slow": 4.0, "d_mid": 3.0}
     assert recorded["head_to_head_ms"] == {"int8": 4.0, "fp32": 3.0}
     assert artifact.backend == "d_mid" and recorded["why"].startswith("int8 is not faster here")
+
+
+def test_int8_a_little_slower_than_fp32_is_not_kept(monkeypatch, loop_spec):
+    """int8 that the head-to-head measures 5% slower than fp32 is no gain: the fp32 artifact is kept, with both
+    times (a 10% margin once kept it)."""
+    from edgedyn.quantize import Quantization
+
+    spec, program = loop_spec
+    board = load_board("x86-64")
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch, "b_fast")
+    monkeypatch.setitem(BACKENDS, "h_int8_five_percent_slower",
+                        _stand_in("h_int8_five_percent_slower", "h_int8_five_percent_slower", quantizes=True))
+    quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]])
+    timing = Timing(warmup=1, min_runs=3, max_runs=5, seconds=0.032, clock=CLOCK)
+    artifact = choose("auto", program, board, board.target("cpu"), spec, timing=timing, quantization=quantization)
+    assert artifact.backend == "b_fast" and "quantization" not in artifact.meta
+    assert artifact.meta["selection"]["head_to_head_ms"] == {"int8": 0.525, "fp32": 0.5}
+    assert artifact.meta["selection"]["why"].startswith(
+        "int8 is not faster here: the fastest int8 (h_int8_five_percent_slower 0.525 ms) takes 1.05x the fastest fp32")
 
 
 def test_int8_and_fp32_are_compared_on_the_thread_counts_their_bundles_run_with(monkeypatch, loop_spec):
