@@ -200,8 +200,8 @@ def _int8_or_fp32(int8: Artifact, fp32: Artifact, spec: Specialization, timing: 
     compared = {"int8_medians_ms": int8_selection["medians_ms"], "fp32_medians_ms": fp32_selection["medians_ms"],
                 "int8_rejected": int8_selection["rejected"], "fp32_rejected": fp32_selection["rejected"],
                 "head_to_head_ms": {"int8": round(int8_ms, 4), "fp32": round(fp32_ms, 4)},
-                "head_to_head_threads": {label: _threads_label(artifact.meta["threads"]) if artifact.meta.get("threads")
-                                         else "every core" for label, artifact in (("int8", int8), ("fp32", fp32))}}
+                "head_to_head_threads": {label: record.get("threads", {}).get("kept", "every core")
+                                         for label, record in (("int8", int8_selection), ("fp32", fp32_selection))}}
     if fp32_ms < FP32_MUST_BEAT_INT8 * int8_ms:
         why = ("int8 is not faster here: the fastest int8 ({} {:.3g} ms) takes {:.2f}x the fastest fp32 ({} {:.3g} "
                "ms), so the fp32 artifact is kept".format(int8.backend, int8_ms, int8_ms / fp32_ms, fp32.backend,
