@@ -4,7 +4,7 @@
     python benchmarks/op_profile.py --models tiny_cnn --backends onnxruntime,tvm --threads 1
 
 Each model is exported once per backend, then `edgedyn bench BUNDLE --profile --json` runs in its own process
-(onnxruntime's spinning threads would slow a neighbour in the same process; FACTS.md), profiling as many runs as
+(onnxruntime's spinning threads would slow a neighbour in the same process; benchmarks/README.md), profiling as many runs as
 it timed, with plain calls timed between them, ten after every ten (so both see the same machine at the same moments:
 on a shared host the load changes between a timing loop and a profile that follows it). Per bundle: the timed
 rows' total per run (operators, copies, guards) against the median of those plain calls (the issue's bound:

@@ -1,4 +1,4 @@
-"""A MobileNetV2-style network written by hand (torchvision does not import beside torch 2.13 here).
+"""A MobileNetV2-style network written by hand: a small model with no dependency beyond torch.
 
 Inverted residual blocks (expand 1x1 -> depthwise 3x3 -> project 1x1, ReLU6, batch norm), width 0.5, for
 96x96 inputs by default: the shape of model people put on a Raspberry Pi or a Jetson Nano.

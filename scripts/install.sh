@@ -77,7 +77,7 @@ if $use_venv; then
 fi
 
 echo "install.sh: pip install -e '.[all]' into $("$PYTHON" -c 'import sys; print(sys.executable)')" >&2
-# torch is pinned (==2.13.0) in pyproject: a looser spec pulls a multi-GB CUDA build.
+# torch is pinned (==2.14.1) in pyproject, with torchvision built for it: a looser spec pulls whatever is newest.
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".[all]"
 if command -v pyenv >/dev/null 2>&1 && ! $use_venv; then
   pyenv rehash  # make the new `edgedyn` script visible through pyenv's shims

@@ -72,8 +72,8 @@ def test_readme_first_command_with_debians_own_python(tmp_path):
 
 # The README's first command inside a fresh Debian 12 root filesystem, with nothing but Debian's own python3 in
 # it: install.sh installs its apt packages and python3-venv there, makes .venv and installs edgedyn into it.
-# pip inside reads this machine's pip configuration and local wheel folders (FACTS.md: without them the index's
-# torch==2.13.0 is the multi-GB CUDA build), bind-mounted read-only; needs root (mount, chroot) and the network.
+# pip inside reads this machine's pip configuration and local wheel folders (without them the index's
+# torch==2.14.1 is the multi-GB CUDA build from the network), bind-mounted read-only; needs root (mount, chroot) and the network.
 def _pip_files() -> list:
     """This machine's pip configuration files, and the CA bundle they name (a TLS-intercepting proxy's root may be
     in it, which Debian's own ca-certificates lacks)."""
