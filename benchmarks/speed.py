@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's edgedyn, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # speed_report beside this file
 from speed_report import VARIANTS, add_speedups, joined, summary  # noqa: E402
+import fullsize  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 CALIBRATION_SAMPLES, EVAL_SAMPLES = 64, 32
@@ -155,6 +156,7 @@ MODELS = {
     "hf-resnet18": _resnet18,
     "hf-vit-tiny-4l": _vit,
     "hf-bert-tiny-32": _bert,
+    **fullsize.MODELS,  # full-size torchvision, timm, ultralytics and transformers models (benchmarks/fullsize.py)
 }  # type: Dict[str, Callable[[], Tuple[Any, tuple, str]]]
 
 
