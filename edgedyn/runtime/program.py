@@ -13,6 +13,7 @@ from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, G
 from edgedyn.runtime.executors import executor_class
 from edgedyn.runtime.fastpath import FastDispatch
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
+from edgedyn.runtime.precision import FP32, REDUCED
 
 log = logging.getLogger("edgedyn.runtime")
 DEVICES = ("auto", "cpu", "gpu")
@@ -22,6 +23,9 @@ FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
 # The file role of an artifact's own outputs on the reference inputs, recorded at export for artifacts that differ
 # from torch eager by design (int8): `verify` compares with these (edgedyn/quantize/plan.py writes them).
 EXPECTED_ROLE = "expected"
+# The cosine a reduced-precision artifact keeps to torch eager when its record names no gate (quantize/precision.py's
+# default gate).
+DEFAULT_MIN_COSINE = 0.999
 
 
 class Specialization:
@@ -39,12 +43,24 @@ class Specialization:
         self.skipped = []  # type: List[Tuple[str, str]]
 
     def selection(self) -> str:
-        """Which artifact runs this specialization here, and why the ones before it do not, in words."""
+        """Which artifact runs this specialization here, in which precision, and why the ones before it do not, in
+        words."""
         assert self.artifact is not None
         text = "{}: {} on {}".format(self.name, artifact_label(self.artifact), host_arch())
+        computes, why_not = self.precision()
+        if computes != FP32 or why_not:
+            text += " in {}".format(computes) + (" ({})".format(why_not) if why_not else "")
         if self.skipped:
             text += " ({})".format("; ".join("{} not used: {}".format(l, r) for l, r in self.skipped))
         return text
+
+    def precision(self) -> Tuple[str, Optional[str]]:
+        """(the precision this specialization computes in here, why it is not the artifact's or None)."""
+        assert self.artifact is not None
+        told = getattr(self.executor, "precision", None)
+        if callable(told):
+            return told()
+        return str(self.artifact.get("precision", FP32)), None
 
 
 def artifact_label(artifact: Dict[str, Any]) -> str:
@@ -93,6 +109,7 @@ class Program:
             # A bundle with GPU code that runs on the CPU here deserves a warning, unless the user asked for the CPU.
             has_gpu_code = any(a.get("device", "cpu") != "cpu" for a in spec.record["artifacts"])
             fell_back = has_gpu_code and spec.artifact.get("device", "cpu") == "cpu" and device != "cpu"
+            fell_back = fell_back or spec.precision()[1] is not None  # a reduced precision this CPU cannot compute
             log.log(logging.WARNING if fell_back else logging.INFO, "edgedyn: %s", spec.selection())
         self._fast = FastDispatch(self.signature, self.specializations)
         self.init_ms = (time.perf_counter() - started) * 1000.0
@@ -236,8 +253,13 @@ class Program:
                                 spec.artifact["files"][EXPECTED_ROLE])
                 expected = [recorded["output.{}".format(i)] for i in range(len(spec.outputs))]
                 extra["against"] = "int8 outputs recorded at export"
+            min_cosine = reduced_gate(spec.artifact)
+            if min_cosine is not None:
+                extra["precision"] = spec.precision()[0]
             for record, got, want in zip(spec.outputs, actual, expected):
-                results.append(dict(compare(got, want, tolerance), specialization=spec.name, output=record["name"],
+                result = compare(got, want, tolerance) if min_cosine is None else compare_cosine(got, want,
+                                                                                                 min_cosine)
+                results.append(dict(result, specialization=spec.name, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))
         return results
 
@@ -273,6 +295,32 @@ def compare(got: np.ndarray, want: np.ndarray, tolerance: Dict[str, float]) -> D
     max_rel = max_abs / scale if scale > 0 else max_abs
     ok = bool(np.all(np.isfinite(got) == np.isfinite(want))) and max_abs <= tolerance["atol"] + tolerance["rtol"] * scale
     return {"ok": ok, "max_abs": max_abs, "max_rel": max_rel, "rtol": tolerance["rtol"], "atol": tolerance["atol"]}
+
+
+def reduced_gate(artifact: Dict[str, Any]) -> Optional[float]:
+    """The cosine a reduced-precision (bf16, fp16) artifact's outputs must keep to torch eager's, from the gate it
+    met at export (its `accuracy` record); None for fp32 and int8 artifacts, which have their own tolerances.
+
+    Note: such an artifact differs from fp32 by design, and by how much depends on the CPU (one without the feature
+    computes fp32): `verify` holds it to the gate the export measured it against, not to the fp32 tolerance."""
+    if artifact.get("precision") not in REDUCED or artifact.get("device", "cpu") != "cpu":
+        return None  # GPU fp16 artifacts record the tolerance they measured
+    gate = artifact.get("accuracy", {}).get("gate", {}) if isinstance(artifact.get("accuracy"), dict) else {}
+    value = gate.get("min_cosine") if isinstance(gate, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else DEFAULT_MIN_COSINE
+
+
+def compare_cosine(got: np.ndarray, want: np.ndarray, min_cosine: float) -> Dict[str, Any]:
+    """`compare`'s record for a reduced-precision output: passes when its cosine to `want` is at least
+    `min_cosine` and it is finite where `want` is."""
+    result = compare(got, want, {"rtol": float("inf"), "atol": float("inf")})
+    if "error" in result:
+        return result
+    a, b = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+    cosine = float(a @ b / norms) if norms > 0 else (1.0 if not np.any(a) and not np.any(b) else 0.0)
+    ok = bool(np.all(np.isfinite(got) == np.isfinite(want))) and cosine >= min_cosine
+    return dict(result, ok=ok, cosine=cosine, min_cosine=min_cosine, rtol=None, atol=None)
 
 
 def build_outputs(tree: Dict[str, Any], flat: List[np.ndarray]) -> Any:
