@@ -61,6 +61,7 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     gpu_target = None if quantizing else _gpu_target(target_board, backend, device, precision)
     # --precision fp16 on a board with a GPU is the GPU's; its CPU fallback keeps what auto finds for that CPU.
     cpu_precision = "auto" if gpu_target is not None and precision == "fp16" else precision
+    _check_precision_available(backend, target_board, cpu_precision, quantizing)
     step("capturing {}".format(model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)))
     captured = capture(model, example_inputs, inputs=inputs)
     writer = BundleWriter()
@@ -121,6 +122,16 @@ def _quantized_artifact(quantizing: Any, backend: str, program: Any, board: Boar
     step("measuring {} int8 accuracy against torch eager".format(artifact.backend))
     with open_executor(artifact) as (executor, _):
         return quantize_plan.finish(quantizing, artifact, spec, executor.run)
+
+
+def _check_precision_available(backend: str, board: Board, precision: str, quantizing: Any) -> None:
+    """Fails before any work when a reduced --precision has no candidate for this board and backend here."""
+    from edgedyn.candidates import candidate_list, no_candidate
+    from edgedyn.runtime.precision import REDUCED
+
+    here = board.arch == host_arch()
+    if precision in REDUCED and quantizing is None and not candidate_list(backend, board, None, precision, here):
+        raise no_candidate(backend, board, precision, here)
 
 
 def _gpu_target(board: Board, backend: str, device: str, precision: str) -> Optional[Target]:
