@@ -88,7 +88,7 @@ BACKENDS = {
         summary="ONNX for onnxruntime; the board's execution providers (TensorRT/CUDA on a Jetson) are tried first"),
     "openvino": Backend(
         name="openvino", lower="edgedyn.backends.openvino:lower", executor="openvino", devices=("cpu",),
-        quantizes=False, extra="export,openvino", board_extra="openvino", overhead_bytes=None,
+        quantizes=False, extra="export,openvino", board_extra="openvino", overhead_bytes=55 * MB,
         overhead_import="import openvino; openvino.Core()", general=False, pipeline="onnxruntime",
         no_int8_reason="edgedyn's openvino backend has no int8 path yet (its bf16 and fp16 need no calibration)",
         threads_per_model=True, precisions=(("bf16", ("x86_64",)), ("fp16", ("aarch64", "x86_64"))),
