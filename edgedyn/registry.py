@@ -88,9 +88,8 @@ BACKENDS = {
         summary="ONNX for onnxruntime; the board's execution providers (TensorRT/CUDA on a Jetson) are tried first"),
     "openvino": Backend(
         name="openvino", lower="edgedyn.backends.openvino:lower", executor="openvino", devices=("cpu",),
-        quantizes=False, extra="export,openvino", board_extra="openvino", overhead_bytes=55 * MB,
+        quantizes=True, extra="export,openvino,nncf", board_extra="openvino", overhead_bytes=55 * MB,
         overhead_import="import openvino; openvino.Core()", general=False, pipeline="onnxruntime",
-        no_int8_reason="edgedyn's openvino backend has no int8 path yet (its bf16 and fp16 need no calibration)",
         threads_per_model=True, precisions=(("bf16", ("x86_64",)), ("fp16", ("aarch64", "x86_64"))),
         summary="an OpenVINO IR run by OpenVINO's CPU plugin, in fp32, bf16 (x86 with AVX512_BF16 or AMX) or fp16 "
                 "(Arm v8.2 cores)"),

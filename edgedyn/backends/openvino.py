@@ -2,7 +2,7 @@
 torch's exporter writes for the onnxruntime backend (or, when that export fails, from the ExportedProgram itself).
 
 The artifact records its precision (`build.precision`: fp32, bf16 or fp16) and the executor asks OpenVINO for
-exactly that. A reduced-precision IR stores its weights in fp16 (half the bytes; OpenVINO computes in the
+exactly that. Under --quantize, NNCF quantizes the converted model first (edgedyn/quantize/openvino.py). A reduced-precision IR stores its weights in fp16 (half the bytes; OpenVINO computes in the
 requested precision either way), and is held to the float accuracy gate by `auto` (edgedyn/selection.py).
 The IR is plain XML and raw weights: no pickle, read by OpenVINO 2024.0 and newer (Python 3.8 boards stop there).
 """
@@ -36,13 +36,15 @@ def board_properties(board: Any) -> Dict[str, Any]:
 
 def lower(build: Build) -> Artifact:
     """Converts the program to an OpenVINO IR for the CPU, computing in `build.precision`."""
-    if build.quantization is not None:
-        raise BackendError("the openvino backend has no int8 path in edgedyn yet",
-                           hint="use --backend onnxruntime or tflite for --quantize int8")
     openvino = _import_openvino()
     output_names = ["output_{}".format(i) for i in range(len(build.program.graph_signature.user_outputs))]
     model, source = _converted(openvino, build, output_names)
     reduced = build.precision != FP32
+    quantization = None  # type: Any
+    if build.quantization is not None:
+        from edgedyn.quantize.openvino import quantize
+
+        model, quantization = quantize(openvino, model, build.quantization, build.program)
     with tempfile.TemporaryDirectory(prefix="edgedyn-openvino-") as workdir:
         xml = Path(workdir) / "model.xml"
         openvino.save_model(model, str(xml), compress_to_fp16=reduced)
@@ -51,7 +53,10 @@ def lower(build: Build) -> Artifact:
             "openvino": {"version": openvino.get_version(), "converted_from": source,
                          "weights": "fp16" if reduced else "fp32", "properties": board_properties(build.board)},
             "requires": {"python": ["openvino>={}".format(MIN_OPENVINO)]}}  # type: Dict[str, Any]
-    if not reduced:
+    if quantization is not None:
+        meta["tolerance"] = quantization.pop("tolerance")
+        meta["quantization"] = quantization
+    elif not reduced:
         meta["tolerance"] = dict(FP32_TOLERANCE)
     return Artifact(backend="openvino", executor="openvino", device="cpu", arch=None,
                     target="openvino-cpu-{}".format(build.precision), files=files,
