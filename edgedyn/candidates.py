@@ -5,7 +5,7 @@ held-out split (quantize/plan.py). edgedyn/selection.py times the ones that pass
 """
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Specialization
 from edgedyn.passes import pipeline_passes, run_pipeline
 from edgedyn.runtime.format import host_arch
-from edgedyn.runtime.precision import FP32, REDUCED, host_features, is_native, missing_words
+from edgedyn.runtime.precision import FP32, REDUCED, expand, host_features, is_native, missing_words
 from edgedyn.runtime.program import FP32_TOLERANCE, compare
 from edgedyn.turns import attempt
 
@@ -50,15 +50,15 @@ def candidates(board: Board, quantization: Optional[Any] = None) -> List[str]:
     return preferred + sorted(name for name in usable if name not in preferred)
 
 
-def candidate_list(backend: str, board: Board, quantization: Optional[Any], precision: str, here: bool,
-                   gated: bool = True) -> List[Candidate]:
+def candidate_list(backend: str, board: Board, quantization: Optional[Any], precision: str,
+                   features: FrozenSet[str], gated: bool = True) -> List[Candidate]:
     """The candidates of one export, in the board's preference order (it breaks ties), int8 first under
     --quantize (a tie keeps what the user asked for).
 
     A reduced precision is a candidate when the backend computes it on the board's architecture, the export has
-    a gate to hold it to (`gated`), and the CPU that will measure it has the feature: this host's for its own
-    board; for another board none yet (its gate needs the board's own CPU: never estimated). With --quantize and
-    a backend named, only its int8 build: the user's choice is never second-guessed."""
+    a gate to hold it to (`gated`), and the CPU that measures it has the feature (`features`: this host's for its
+    own board, the board file's when its emulated CPU measures, none otherwise: a gate is never estimated). With
+    --quantize and a backend named, only its int8 build: the user's choice is never second-guessed."""
     from edgedyn.quantize.precision import wanted
 
     names = [backend] if backend != AUTO else candidates(board)
@@ -67,13 +67,20 @@ def candidate_list(backend: str, board: Board, quantization: Optional[Any], prec
         listed += [Candidate(name, INT8) for name in names if BACKENDS[name].quantizes]
         if backend != AUTO:
             return listed
-    features = host_features() if here else frozenset()
     for name in names:
         for option in wanted(precision):
             if option == FP32 or (gated and BACKENDS[name].computes(option, board.arch)
                                   and is_native(option, board.arch, features)):
                 listed.append(Candidate(name, option))
     return listed
+
+
+def measuring_features(board: Board, here: bool, on_board: bool) -> FrozenSet[str]:
+    """The CPU features of whatever will measure an export's candidates: this host for its own board, the board's
+    emulated CPU (its board file's features) when that measures, else none."""
+    if here:
+        return host_features()
+    return expand(board.cpu_features) if on_board else frozenset()
 
 
 def no_candidate(backend: str, board: Board, precision: str, here: bool) -> EdgedynError:
@@ -93,8 +100,10 @@ def no_candidate(backend: str, board: Board, precision: str, here: bool) -> Edge
                             hint="export on a machine with {}, or use --precision auto (fp32 here)".format(
                                 missing_words(precision, board.arch)))
     return EdgedynError("{} for {} is measured on that board's CPU, and this export runs on a {} host".format(
-        precision, board.name, host_arch()), hint="use --precision auto (fp32 for another board), or export on the "
-                                                  "board itself")
+        precision, board.name, host_arch()), hint="use --precision auto (fp32 for another board), install the "
+                                                  "emulated board (qemu-user, qemu-user-static, mmdebstrap: bash "
+                                                  "scripts/install.sh) to measure it there, or export on the board "
+                                                  "itself")
 
 
 def builder(programs: Dict[str, Any], board: Board, target: Target, spec: Specialization,
@@ -213,6 +222,12 @@ def _open_checked(stack: contextlib.ExitStack, artifact: Artifact, spec: Special
     return executor
 
 
+def check_outputs(artifact: Artifact, outputs: List[np.ndarray], expected: List[np.ndarray]) -> None:
+    """A candidate's outputs on the example inputs (computed here or on the emulated board) against torch eager's:
+    within the fp32 tolerance, or, for int8 and reduced precisions, not broken (their gates judge the rest)."""
+    _check_outputs(artifact, dict(artifact.meta), outputs, expected)
+
+
 def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],
                    expected: List[np.ndarray]) -> None:
     if len(outputs) != len(expected):
@@ -244,3 +259,21 @@ def _check_sane(artifact: Artifact, outputs: List[np.ndarray], expected: List[np
             raise BackendError("{} ({}) output {} has cosine {:.3f} to torch eager, below {}: a broken artifact, not "
                                "{} rounding".format(artifact.backend, precision, index, cosine, SANITY_COSINE,
                                                     precision))
+
+
+def gate_missed(spec: Specialization, rejected: Dict[str, str], missed: List[str]) -> EdgedynError:
+    """Every candidate that ran missed its accuracy gate: each one's numbers (and why the others did not build),
+    with the gate's hint."""
+    from edgedyn.quantize.accuracy import GATE_MISS_HINT
+
+    others = ["{}: {}".format(name, reason) for name, reason in rejected.items() if name not in missed]
+    misses = " | ".join(rejected[name] for name in missed)
+    what = "int8 candidate" if all(name.endswith(":" + INT8) for name in missed) else "candidate"
+    return EdgedynError("no {} for {} meets the accuracy gate: {}{}; no bundle was written".format(
+        what, spec.name, misses, "; not built: " + "; ".join(others) if others else ""), hint=GATE_MISS_HINT)
+
+
+def nothing_built(spec: Specialization, board: Board, rejected: Dict[str, str]) -> BackendError:
+    reasons = "; ".join("{}: {}".format(name, reason) for name, reason in rejected.items()) or "none is registered"
+    return BackendError("no backend could build {} for {}: {}".format(spec.name, board.name, reasons),
+                        hint="install a backend (pip install 'edgedyn[onnxruntime]') or pick one with --backend")

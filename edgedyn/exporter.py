@@ -76,12 +76,13 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
             artifacts += [gpu] if gpu is not None else []
         accuracy = None if cpu_precision == "fp32" else float_gate(
             spec, eval_inputs if quantizing is None else None, max_accuracy_drop)
+        probe = _probe(captured, target_board, spec, optimized, model, pipeline)
         if device != "gpu" and quantizing is not None:
             artifacts.append(_quantized_artifact(quantizing, backend, optimized, target_board, target, spec, step,
-                                                 cpu_precision, accuracy))
+                                                 cpu_precision, accuracy, probe))
         elif device != "gpu":
             artifacts.append(choose(backend, optimized, target_board, target, spec, progress=step,
-                                    precision=cpu_precision, accuracy=accuracy))
+                                    precision=cpu_precision, accuracy=accuracy, probe=probe))
         records.append(_specialization_record(writer, index, spec, optimized, artifacts))
         if no_gpu_code is not None:
             records[-1]["no_gpu_code"] = no_gpu_code
@@ -111,26 +112,44 @@ def _write_verified(writer: BundleWriter, path: Path, manifest: Dict[str, Any], 
 
 
 def _quantized_artifact(quantizing: Any, backend: str, program: Any, board: Board, target: Target,
-                        spec: Specialization, step: Progress, precision: str, accuracy: Any) -> Artifact:
+                        spec: Specialization, step: Progress, precision: str, accuracy: Any, probe: Any) -> Artifact:
     """The CPU artifact with int8 kernels, measured against torch eager and held to the accuracy gate (or, under
     auto, the faster fp32 or reduced-precision artifact: selection.py)."""
     from edgedyn.quantize import plan as quantize_plan
 
     step("quantizing {} ({})".format(spec.name, quantizing.mode))
     artifact = choose(backend, program, board, target, spec, progress=step,
-                      quantization=quantizing.quantization(spec), precision=precision, accuracy=accuracy)
+                      quantization=quantizing.quantization(spec), precision=precision, accuracy=accuracy, probe=probe)
     step("measuring {} int8 accuracy against torch eager".format(artifact.backend))
     with open_executor(artifact) as (executor, _):
         return quantize_plan.finish(quantizing, artifact, spec, executor.run)
 
 
+def _probe(captured: Captured, board: Board, spec: Specialization, optimized: Any, model: Any,
+           pipeline: str) -> Callable[[Artifact, Path], Path]:
+    """Writes a bundle of `spec` holding one candidate artifact into a folder: what the emulated board runs and
+    counts for `auto` (edgedyn/onboard.py)."""
+    def write(artifact: Artifact, folder: Path) -> Path:
+        writer = BundleWriter()
+        record = _specialization_record(writer, 0, spec, optimized, [artifact])
+        path = Path(folder) / "probe{}".format(SUFFIX)
+        writer.write(path, _manifest(captured, board, [record], model, pipeline))
+        return path
+
+    return write
+
+
 def _check_precision_available(backend: str, board: Board, precision: str, quantizing: Any) -> None:
     """Fails before any work when a reduced --precision has no candidate for this board and backend here."""
-    from edgedyn.candidates import candidate_list, no_candidate
+    from edgedyn.candidates import candidate_list, measuring_features, no_candidate
     from edgedyn.runtime.precision import REDUCED
 
+    from edgedyn.onboard import unavailable
+
     here = board.arch == host_arch()
-    if precision in REDUCED and quantizing is None and not candidate_list(backend, board, None, precision, here):
+    on_board = not here and backend == AUTO and unavailable(board) is None
+    features = measuring_features(board, here, on_board)
+    if precision in REDUCED and quantizing is None and not candidate_list(backend, board, None, precision, features):
         raise no_candidate(backend, board, precision, here)
 
 

@@ -24,8 +24,8 @@ from edgedyn.registry import AUTO, BACKENDS, check_backend_name
 from edgedyn.backends.artifact import Artifact, open_executor
 from edgedyn.boards import Board, Target
 from edgedyn.candidates import (INT8, Candidate, TuningRejectedWarning, builder, candidate_list, candidates, checked,
-                                example_arrays, gated, no_candidate, untuned_if_wrong)
-from edgedyn.errors import BackendError, EdgedynError
+                                example_arrays, gate_missed, gated, measuring_features, no_candidate, nothing_built,
+                                untuned_if_wrong)
 from edgedyn.frontend import Specialization
 from edgedyn.runtime.format import host_arch
 from edgedyn.runtime.precision import REDUCED
@@ -39,17 +39,22 @@ Progress = Callable[[str], None]
 
 def choose(backend: str, program: Any, board: Board, target: Target, spec: Specialization,
            progress: Optional[Progress] = None, timing: Timing = DEFAULT_TIMING,
-           quantization: Optional[Any] = None, precision: str = "fp32", accuracy: Optional[Any] = None) -> Artifact:
+           quantization: Optional[Any] = None, precision: str = "fp32", accuracy: Optional[Any] = None,
+           probe: Optional[Any] = None) -> Artifact:
     """The artifact for one specialization, with `meta["selection"]` saying how it was chosen.
 
     `quantization`: an edgedyn.quantize.Quantization, handed to the int8 candidates. `precision`: auto, fp32, bf16
     or fp16 (quantize/precision.py). `accuracy`: the specialization's float gate (quantize/precision.FloatGate),
-    which every reduced-precision candidate must meet; without one none is built.
+    which every reduced-precision candidate must meet; without one none is built. `probe`: writes a one-artifact
+    bundle of this specialization (edgedyn/onboard.py): with it, another board's candidates are measured on its
+    emulated CPU when this host can emulate it.
     """
     step = progress or (lambda message: None)
     check_backend_name(backend)
     here = board.arch == host_arch()
-    listed = candidate_list(backend, board, quantization, precision, here, accuracy is not None)
+    on_board = not here and backend == AUTO and probe is not None and _emulation_missing(board) is None
+    listed = candidate_list(backend, board, quantization, precision, measuring_features(board, here, on_board),
+                            accuracy is not None)
     if not listed:
         raise no_candidate(backend, board, precision, here)
     build = builder({"default": program}, board, target, spec, quantization)  # each pipeline's graph made once
@@ -65,7 +70,22 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
         if backend != AUTO:
             chosen.meta["selection"] = dict(chosen.meta["selection"], requested=backend)
         return chosen
-    return _by_preference(build, board, target, spec, step, listed, quantization, accuracy)
+    if on_board:
+        from edgedyn.onboard import on_board as measured_on_board
+
+        return measured_on_board(build, board, spec, step, listed, quantization, accuracy, probe)
+    chosen = _by_preference(build, board, target, spec, step, listed, quantization, accuracy)
+    if backend == AUTO and board.qemu_cpu is not None:
+        chosen.meta["selection"]["not_measured"] = "the emulated {} could not measure the candidates here ({}); " \
+            "the board file's preference decided".format(board.name, _emulation_missing(board) if probe else
+                                                         "no probe bundle")
+    return chosen
+
+
+def _emulation_missing(board: Board) -> Optional[str]:
+    from edgedyn.onboard import unavailable
+
+    return unavailable(board)
 
 
 def _measured(build: Callable[[Candidate], Artifact], board: Board, spec: Specialization, step: Progress,
@@ -91,14 +111,14 @@ def _measured(build: Callable[[Candidate], Artifact], board: Board, spec: Specia
             step("{}: verified".format(label))
             verified[label], executors[label] = (candidate, artifact), executor
         if not verified:
-            raise _gate_missed(spec, rejected, missed) if missed else _nothing_built(spec, board, rejected)
+            raise gate_missed(spec, rejected, missed) if missed else nothing_built(spec, board, rejected)
         int8 = [c.label for c in listed if c.precision == INT8]
         if int8 and not any(label in verified for label in int8) and any(label in missed for label in int8):
             # --quantize asked for int8 and every int8 build missed its gate: the numbers, not a quiet fp32 bundle
-            raise _gate_missed(spec, {k: v for k, v in rejected.items() if k in int8}, [k for k in missed if k in int8])
+            raise gate_missed(spec, {k: v for k, v in rejected.items() if k in int8}, [k for k in missed if k in int8])
         medians = timed_in_turns(executors, example_arrays(spec), timing, rejected)
     if not medians:
-        raise _nothing_built(spec, board, rejected)
+        raise nothing_built(spec, board, rejected)
     fastest, threads = _threads_timed({label: verified[label][1] for label in medians}, medians, spec, timing, step)
     # Candidates come in preference order (dicts keep it), so a tie keeps the earlier one (int8 before fp32).
     chosen = min(fastest, key=lambda label: fastest[label][0])
@@ -255,27 +275,9 @@ def _by_preference(build: Callable[[Candidate], Artifact], board: Board, target:
         return _with_selection(artifact, {"mode": "board preference", "order": list(board.backends),
                                           "chosen": candidate.backend, "precision": candidate.precision,
                                           "rejected": rejected, "verified_on_host": verified})
-    raise _gate_missed(spec, rejected, missed) if missed else _nothing_built(spec, board, rejected)
-
-
-def _gate_missed(spec: Specialization, rejected: Dict[str, str], missed: List[str]) -> EdgedynError:
-    """Every candidate that ran missed its accuracy gate: each one's numbers (and why the others did not build),
-    with the gate's hint."""
-    from edgedyn.quantize.accuracy import GATE_MISS_HINT
-
-    others = ["{}: {}".format(name, reason) for name, reason in rejected.items() if name not in missed]
-    misses = " | ".join(rejected[name] for name in missed)
-    what = "int8 candidate" if all(name.endswith(":" + INT8) for name in missed) else "candidate"
-    return EdgedynError("no {} for {} meets the accuracy gate: {}{}; no bundle was written".format(
-        what, spec.name, misses, "; not built: " + "; ".join(others) if others else ""), hint=GATE_MISS_HINT)
+    raise gate_missed(spec, rejected, missed) if missed else nothing_built(spec, board, rejected)
 
 
 def _with_selection(artifact: Artifact, selection: Dict[str, Any]) -> Artifact:
     artifact.meta = dict(artifact.meta, selection=selection)
     return artifact
-
-
-def _nothing_built(spec: Specialization, board: Board, rejected: Dict[str, str]) -> BackendError:
-    reasons = "; ".join("{}: {}".format(name, reason) for name, reason in rejected.items()) or "none is registered"
-    return BackendError("no backend could build {} for {}: {}".format(spec.name, board.name, reasons),
-                        hint="install a backend (pip install 'edgedyn[onnxruntime]') or pick one with --backend")

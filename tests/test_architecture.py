@@ -18,13 +18,14 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("base", ("edgedyn.errors", "edgedyn.torch_quiet", "edgedyn.version", "edgedyn._schema")),
     ("registry", ("edgedyn.registry",)),
     ("boards", ("edgedyn.boards",)),
+    ("emulate", ("edgedyn.emulate",)),  # the emulated board, host side: `auto` for another board measures there
     ("capture", ("edgedyn.frontend", "edgedyn.zoo")),
     ("passes", ("edgedyn.passes", "edgedyn.calibration")),
     ("quantize", ("edgedyn.quantize",)),
     ("backends", ("edgedyn.backends",)),
-    ("choice", ("edgedyn.selection", "edgedyn.candidates", "edgedyn.turns", "edgedyn.fit", "edgedyn.bundle")),
+    ("choice", ("edgedyn.selection", "edgedyn.candidates", "edgedyn.onboard", "edgedyn.turns", "edgedyn.fit",
+                "edgedyn.bundle")),
     ("export", ("edgedyn.exporter",)),
-    ("emulate", ("edgedyn.emulate",)),  # the emulated board, host side
     ("fleet", ("edgedyn.fleet",)),  # boards over TVM's RPC tracker, and tuning
     ("interface", ("edgedyn.cli", "edgedyn.__main__", "edgedyn=")),
 ]

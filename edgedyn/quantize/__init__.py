@@ -36,6 +36,9 @@ class Quantization:
     # EdgedynError with the numbers on a miss; `auto` drops a candidate that misses and keeps the fastest that passes.
     held_out: Optional[Callable[[str, Callable[[List[np.ndarray]], List[Any]]], Any]] = field(
         default=None, compare=False, repr=False)
+    # The held-out batches `held_out` runs a candidate on, in order (an emulated board runs them elsewhere and the
+    # gate replays its outputs: edgedyn/onboard.py).
+    held_out_batches: List[List[np.ndarray]] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_mode(self.mode)

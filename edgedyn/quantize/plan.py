@@ -34,9 +34,10 @@ class Plan:
         if self.mode == "int8" and self.calibration is not None:
             batches = calibration_data.batches(self.calibration, *_shapes(spec), names=spec.tensor_inputs)
         gate = self.gate if self.gate is not None and self.gate.min_cosine is not None else DEFAULT_GATE
+        held_out = self.held_out(spec)
         return Quantization(mode=self.mode, calibration=batches, target_cosine=gate.min_cosine,
                             source=self.calibration.source if self.calibration else "",
-                            held_out=self.held_out(spec).check)
+                            held_out=held_out.check, held_out_batches=held_out.batches)
 
     def held_out(self, spec: Any) -> "HeldOut":
         if spec.name not in self._held_out:

@@ -1,0 +1,209 @@
+"""`--backend auto` for a board that is not this machine, measured on the board's emulated CPU.
+
+For a Raspberry Pi or a Jetson's CPU exported from an x86 PC, nothing here runs the board's arithmetic, and
+timings under emulation mean nothing. But qemu-user executes the board's instructions exactly (fp16 included) and
+can count them: under the board's own CPU model (`-cpu cortex-a76`) the number of guest instructions per call is
+deterministic and ranks runtimes the way the board does (docs/emulate.md has the limits: no memory stalls, no
+per-instruction cost). So each candidate artifact is written into a one-artifact probe bundle, run on the emulated
+board on the evaluation inputs (its outputs judged here: fp32 against torch eager within its tolerance, a reduced
+precision against the float gate, int8 against the --quantize gate), and the ones that pass are counted there
+(edgedyn/emulate/instructions.py); `auto` keeps the one with the fewest instructions per call. One board image,
+with the runtimes of every candidate, serves them all.
+
+Without the emulation tools, `auto` falls back to the board file's preference and says so.
+"""
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edgedyn.registry import BACKENDS
+from edgedyn.backends.artifact import Artifact
+from edgedyn.boards import Board
+from edgedyn.errors import EdgedynError
+
+# A board-side run: load the probe bundle on one thread, run its one specialization's executor on every batch of an
+# .npz, save the outputs and the precision it computed in. Python 3.8 syntax (the board's Python).
+_EVALUATE = """
+import sys
+import numpy as np
+from edgedyn.runtime.program import load
+bundle, inputs, outputs = sys.argv[1:4]
+spec = load(bundle, threads=1, device="cpu").specializations[0]
+data = np.load(inputs, allow_pickle=False)
+results = {}
+for b in range(int(data["batches"])):
+    arrays = [data["{}.{}".format(b, i)] for i in range(int(data["arity"]))]
+    for j, value in enumerate(spec.executor.run(arrays)):
+        results["{}.{}".format(b, j)] = np.asarray(value)
+results["precision"] = np.array(spec.precision()[0])
+np.savez(outputs, **results)
+"""
+# Calls counted per candidate after its warm-up call: the counts are exact from run to run, so two suffice.
+COUNTED_CALLS = 2
+
+Probe = Callable[[Artifact, Path], Path]  # writes a one-artifact bundle of the specialization into a folder
+
+
+def unavailable(board: Board) -> Optional[str]:
+    """None when this host can emulate `board` and count instructions there, else why not, in words."""
+    if board.qemu_cpu is None or board.debian_suite is None:
+        return "board {} has no [emulation] table".format(board.name)
+    from edgedyn.emulate.instructions import missing_counting_tools
+    from edgedyn.emulate.rootfs import EmulationError, check_tools
+
+    try:
+        check_tools()
+    except EmulationError as error:
+        return error.message
+    missing = list(missing_counting_tools())
+    return "missing {}".format(", ".join(missing)) if missing else None
+
+
+class Measurement:
+    """The emulated board of one export, prepared once with the runtimes of every candidate, and each candidate's
+    outputs and instructions measured there."""
+
+    def __init__(self, board: Board, listed: Sequence[Any], probe: Probe, say: Callable[[str], None]) -> None:
+        self.board, self.probe, self.say = board, probe, say
+        self.extras = tuple(sorted({extra for candidate in listed for extra in
+                                    BACKENDS[candidate.backend].board_extra.split(",") if extra}))
+        self._workdir = tempfile.TemporaryDirectory(prefix="edgedyn-onboard-")
+        self._emulated = None  # type: Any
+
+    def close(self) -> None:
+        self._workdir.cleanup()
+
+    def _board(self, bundle: Path) -> Any:
+        if self._emulated is None:
+            from edgedyn.emulate.board import prepare
+
+            self._emulated = prepare(bundle, say=self.say, extras=self.extras)
+        return self._emulated
+
+    def run(self, label: str, artifact: Artifact, batches: List[List[np.ndarray]]) -> Tuple[List[List[np.ndarray]], str]:
+        """(the candidate's outputs on each batch, computed on the emulated board; the precision it computed in)."""
+        folder = Path(self._workdir.name) / label.replace(":", "-")
+        folder.mkdir()
+        bundle = self.probe(artifact, folder)
+        inputs, outputs = folder / "inputs.npz", folder / "outputs.npz"
+        arrays = {"{}.{}".format(b, i): np.asarray(a) for b, batch in enumerate(batches) for i, a in enumerate(batch)}
+        np.savez(str(inputs), batches=np.array(len(batches)), arity=np.array(len(batches[0])), **arrays)
+        board = self._board(bundle)
+        result = board.run_edgedyn(["-c", _EVALUATE, str(bundle), str(inputs), str(outputs)])
+        if result.returncode != 0 or not outputs.is_file():
+            raise EdgedynError("{} failed on the emulated {} (qemu -cpu {}), exit {}: {}".format(
+                label, board.name, board.qemu_cpu, result.returncode, _last_line(result.stderr)))
+        with np.load(str(outputs), allow_pickle=False) as saved:
+            count = len([k for k in saved.files if k.startswith("0.")])
+            got = [[saved["{}.{}".format(b, j)] for j in range(count)] for b in range(len(batches))]
+            precision = str(saved["precision"])
+        self._bundles = getattr(self, "_bundles", {})
+        self._bundles[label] = bundle
+        return got, precision
+
+    def count(self, label: str) -> Dict[str, Any]:
+        """Guest instructions per call of a candidate that `run` ran, one thread, under the board's CPU."""
+        from edgedyn.emulate.instructions import count_instructions
+
+        bundle = self._bundles[label]
+        self.say("counting {} on the emulated {} (qemu -cpu {})".format(label, self.board.name, self.board.qemu_cpu))
+        return count_instructions(bundle, calls=COUNTED_CALLS, board=self._board(bundle))
+
+
+def replay(outputs: List[List[np.ndarray]]) -> Callable[[Any], List[np.ndarray]]:
+    """A `run` that returns the outputs the board computed, batch by batch, in the order a gate asks for them."""
+    pending = iter(outputs)
+    return lambda batch: next(pending)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no message"
+
+
+def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Callable[[str], None],
+             listed: Sequence[Any], quantization: Optional[Any], accuracy: Optional[Any], probe: Probe) -> Artifact:
+    """The candidate with the fewest guest instructions per call on the emulated board among those whose outputs
+    there pass their check, with `meta["selection"]` saying what was measured and how ("emulated")."""
+    from edgedyn.turns import attempt
+
+    measurement = Measurement(board, listed, probe, step)
+    counts = {}  # type: Dict[str, Dict[str, Any]]
+    chosen_artifacts = {}  # type: Dict[str, Tuple[Any, Artifact]]
+    rejected = {}  # type: Dict[str, str]
+    missed = []  # type: List[str]
+    try:
+        for candidate in listed:
+            label = candidate.label
+            step("building {} with {} for {}".format(spec.name, candidate.words, board.name))
+            artifact = attempt(label, lambda: build(candidate), rejected)
+            if artifact is None:
+                step("{}: skipped ({})".format(label, rejected[label]))
+                continue
+            batches, judge = _evaluation(candidate, artifact, spec, quantization, accuracy)
+            step("running {} on the emulated {} (qemu -cpu {})".format(label, board.name, board.qemu_cpu))
+            ran = attempt(label, lambda: measurement.run(label, artifact, batches), rejected)
+            if ran is None or attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected) is None:
+                if ran is not None and candidate.precision != "fp32" and "misses" in rejected.get(label, ""):
+                    missed.append(label)
+                step("{}: rejected ({})".format(label, rejected[label]))
+                continue
+            count = attempt(label, lambda: measurement.count(label), rejected)
+            if count is None:
+                step("{}: not counted ({})".format(label, rejected[label]))
+                continue
+            step("{}: {:,.0f} instructions per call".format(label, count["per_call"]))
+            counts[label], chosen_artifacts[label] = count, (candidate, artifact)
+    finally:
+        measurement.close()
+    if not counts:
+        from edgedyn.candidates import gate_missed, nothing_built
+
+        raise gate_missed(spec, rejected, missed) if missed else nothing_built(spec, board, rejected)
+    per_call = {label: count["per_call"] for label, count in counts.items()}
+    chosen = min(per_call, key=lambda label: per_call[label])  # listed in preference order: a tie keeps the earlier
+    candidate, artifact = chosen_artifacts[chosen]
+    others = sorted((n, label) for label, n in per_call.items() if label != chosen)
+    why = "fewest guest instructions per call of {} verified on the emulated {} (qemu -cpu {}): {:,.0f}{}".format(
+        len(per_call), board.name, board.qemu_cpu, per_call[chosen],
+        "; " + ", ".join("{} {:,.0f} ({:.2f}x)".format(label, n, n / per_call[chosen]) for n, label in others)
+        if others else "")
+    step("chose {} for {} ({:,.0f} instructions per call on the emulated {})".format(
+        chosen, spec.name, per_call[chosen], board.name))
+    sample = counts[chosen]
+    artifact.meta = dict(artifact.meta, selection={
+        "mode": "emulated", "chosen": candidate.backend, "precision": candidate.precision, "candidate": chosen,
+        "why": why, "instructions_per_call": {label: int(round(n)) for label, n in sorted(per_call.items())},
+        "rejected": rejected, "board": board.name, "cpu": board.qemu_cpu, "label": sample.get("label"),
+        "calls_counted": sample.get("calls"), "plugin": sample.get("plugin")})
+    return artifact
+
+
+def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Optional[Any],
+                accuracy: Optional[Any]) -> Tuple[List[List[np.ndarray]], Callable[[List[List[np.ndarray]], str], None]]:
+    """(the batches a candidate runs on the emulated board, the check of what it returned): the example inputs
+    first (checked as `auto` checks them here), then its gate's batches for int8 and reduced precisions."""
+    from edgedyn.candidates import INT8, check_outputs, example_arrays
+    from edgedyn.runtime.precision import REDUCED
+
+    examples = example_arrays(spec)
+    extra = []  # type: List[List[np.ndarray]]
+    if candidate.precision == INT8 and quantization is not None and quantization.held_out is not None:
+        extra = list(quantization.held_out_batches)
+    elif candidate.precision in REDUCED:
+        extra = list(accuracy.batches)
+
+    def judge(outputs: List[List[np.ndarray]], computed: str) -> None:
+        check_outputs(artifact, outputs[0], spec.reference_outputs)
+        if candidate.precision in REDUCED and computed != candidate.precision:
+            raise EdgedynError("the emulated CPU computed it in {}, not {}: the board's runtime would not use {} "
+                               "either".format(computed, candidate.precision, candidate.precision))
+        if candidate.precision == INT8 and extra:
+            quantization.held_out(candidate.backend, replay(outputs[1:]))
+        elif candidate.precision in REDUCED:
+            artifact.meta["accuracy"] = accuracy.check(candidate.label, candidate.precision, replay(outputs[1:]))
+            artifact.meta["accuracy"]["measured_on"] = "the emulated board"
+
+    return [examples] + extra, judge
