@@ -1,0 +1,197 @@
+"""Guest instructions per call on the emulated board: a deterministic proxy for a bundle's speed on an Arm board.
+
+Timings under qemu-user mean nothing, but the number of guest instructions a process executes under a board's own
+CPU model does not depend on the host or its load. A small TCG plugin (plugins/insn_count.c, compiled here with
+the host's gcc on first use) counts them; Debian's dynamically linked qemu-user loads it (the static qemu cannot).
+
+Per call = (instructions of a process that loads the bundle, makes `warmup` calls and then N more) minus (the
+same process with the warm-up calls only), divided by N: start-up, imports and loading cancel out. One thread,
+no spinning thread pools, fixed inputs, fixed hash seed: the same command gives the same count.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+from edgedyn.emulate.board import EmulatedBoard, prepare
+from edgedyn.emulate.cpus import check_cpu, cpu_view
+from edgedyn.emulate.cpus import describe as describe_view
+from edgedyn.emulate.rootfs import EmulationError, board_environment, build_once, default_cache_dir
+from edgedyn.errors import EdgedynError
+
+PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "insn_count.c"
+# Note: counting needs Debian's dynamically linked qemu-user (qemu-user-static cannot load plugins) and a C
+# compiler for the plugin; scripts/install.sh installs both.
+QEMU = "qemu-aarch64"
+COUNT_TOOLS = (QEMU, "gcc")
+COUNT_HINT = "sudo apt-get install qemu-user gcc (in a source checkout: bash scripts/install.sh)"
+# Note: every count carries this label, in the table and in --json.
+LABEL = ("guest instructions per call on an emulated {board} (qemu-user, -cpu {cpu}, one thread): a proxy for speed "
+         "on the board that ignores memory stalls, caches and per-instruction cost; not a time")
+# What makes two runs of one command execute the same instructions: Python's string hashing (set and dict order)
+# and one thread in every pool a library may start by itself (OpenBLAS under numpy spins while it waits).
+COUNT_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TVM_NUM_THREADS": "1",
+             "ORT_DISABLE_TELEMETRY": "1"}
+
+# Runs on the board: load the bundle on one thread, pick the specialization and inputs as `edgedyn bench` does,
+# call it N times, say what ran. Python 3.8 syntax (the board's Python).
+_GUEST = """
+import json, sys
+from edgedyn.runtime.bench import BenchConfig, as_called, choose_inputs
+from edgedyn.runtime.program import load
+path, calls, options = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+program = load(path, threads=1, device="cpu")
+spec, values, source = choose_inputs(program, BenchConfig(threads=1, device="cpu", **options))
+args, kwargs = as_called(program, values)
+for _ in range(calls):
+    program(*args, **kwargs)
+print(json.dumps({"specialization": spec.name, "selection": spec.selection(), "backend": spec.artifact["backend"],
+                  "inputs": source}))
+"""
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """The compiled counting plugin."""
+
+    path: Path
+    sha256: str  # of the C source it was compiled from
+    version: str  # what the plugin writes into every count
+
+    def describe(self) -> Dict[str, str]:
+        return {"version": self.version, "source_sha256": self.sha256, "library": str(self.path)}
+
+
+@dataclass(frozen=True)
+class Count:
+    """The guest instructions of one counted process."""
+
+    instructions: int
+    vcpus: int  # 1 + the highest vCPU (guest thread) index that ran
+    per_vcpu: Tuple[int, ...]  # instructions of each vCPU index (below 1024)
+    cpu: str
+    wall_s: float
+    stdout: str
+    stderr: str
+
+
+def missing_counting_tools() -> Sequence[str]:
+    """Which of the host tools counting needs are not on PATH."""
+    return [tool for tool in COUNT_TOOLS if shutil.which(tool) is None]
+
+
+def check_counting_tools() -> None:
+    missing = missing_counting_tools()
+    if missing:
+        raise EmulationError(
+            "counting instructions on the emulated board needs {} (Debian's dynamically linked qemu-user, which "
+            "loads TCG plugins; qemu-user-static cannot), not found on PATH".format(" and ".join(missing)),
+            hint=COUNT_HINT)
+
+
+def plugin_library(cache_dir: Optional[Path] = None) -> Plugin:
+    """The counting plugin, compiled with the host's gcc once per version of its C source (cached)."""
+    check_counting_tools()
+    source = PLUGIN_SOURCE.read_bytes()
+    digest = hashlib.sha256(source).hexdigest()
+    boards = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = build_once(boards / "plugins" / "insn_count-{}".format(digest[:16]), _compile)
+    version = source.decode().split('#define EDGEDYN_PLUGIN_VERSION "', 1)[1].split('"', 1)[0]
+    return Plugin(path=folder / "insn_count.so", sha256=digest, version=version)
+
+
+def _compile(target: Path) -> None:
+    target.mkdir(parents=True)
+    shutil.copyfile(PLUGIN_SOURCE, target / PLUGIN_SOURCE.name)  # what the library was built from, beside it
+    command = ["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-o", str(target / "insn_count.so"),
+               str(target / PLUGIN_SOURCE.name)]
+    result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise EmulationError("compiling the instruction-counting plugin failed (exit {}): {}\n{}".format(
+            result.returncode, " ".join(command), result.stderr[-3000:]), hint=COUNT_HINT)
+
+
+def count_command(board: Union[EmulatedBoard, Path], argv: Sequence[str], cpu: Optional[str] = None,
+                  env: Optional[Mapping[str, str]] = None, pythonpath: Sequence[Path] = (),
+                  timeout: float = 3600) -> Count:
+    """The guest instructions of the board's `python3 ARGV` under qemu-user -cpu `cpu`, start to exit.
+
+    `board` is a prepared EmulatedBoard (its edgedyn on the path, its CPU by default, a fresh bundle cache) or a
+    root filesystem (then `cpu` is required and `pythonpath` says where the packages are). Deterministic for a
+    deterministic command: one thread, a fixed hash seed (COUNT_ENV). A command that fails is an error.
+    """
+    if isinstance(board, EmulatedBoard):
+        rootfs, cpu, paths, cwd = board.rootfs, cpu or board.qemu_cpu, [board.site, *pythonpath], board.site.parent
+    elif cpu is None:
+        raise EdgedynError("count_command on a root filesystem needs the qemu CPU to count under",
+                           hint="pass cpu=, one of the boards' [emulation] qemu_cpu (edgedyn boards)")
+    else:
+        rootfs, paths, cwd = Path(board), list(pythonpath), None
+    check_cpu(cpu)
+    plugin = plugin_library()
+    view = cpu_view(rootfs, cpu)
+    with tempfile.TemporaryDirectory(prefix="edgedyn-count-") as work:
+        out = Path(work) / "count.json"
+        # A fresh home and bundle cache per process: what a library writes there (onnxruntime 1.32 keeps a usage
+        # database under ~/.cache/Microsoft) would otherwise make the next run do other work.
+        (Path(work) / "home").mkdir()
+        environment = dict(COUNT_ENV, EDGEDYN_CACHE=str(Path(work) / "cache"), HOME=str(Path(work) / "home"))
+        environment.update(env or {})
+        command = [QEMU, "-L", str(view), "-cpu", cpu, "-plugin", "{},out={}".format(plugin.path, out),
+                   str(Path(rootfs) / "usr" / "bin" / "python3"), *argv]
+        started = time.monotonic()
+        result = subprocess.run(command, env=board_environment(rootfs, environment, paths), cwd=cwd,
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        wall = time.monotonic() - started
+        if result.returncode != 0 or not out.is_file():
+            raise _failure(result, cpu)
+        counted = json.loads(out.read_text())
+    if counted["plugin"] != plugin.version:
+        raise AssertionError("the plugin wrote {!r}, expected {!r}".format(counted["plugin"], plugin.version))
+    return Count(instructions=int(counted["instructions"]), vcpus=int(counted["vcpus"]),
+                 per_vcpu=tuple(int(n) for n in counted["per_vcpu"]), cpu=cpu, wall_s=wall,
+                 stdout=result.stdout, stderr=result.stderr)
+
+
+def _failure(result: "subprocess.CompletedProcess[str]", cpu: str) -> EmulationError:
+    if "plugin" in result.stderr.lower() and result.returncode == 1 and not result.stdout:
+        return EmulationError("{} could not load the instruction-counting plugin:\n{}".format(
+            shutil.which(QEMU), result.stderr[-2000:]),
+            hint="counting needs Debian's dynamically linked qemu-user 7.2 (not a static build): " + COUNT_HINT)
+    return EmulationError("the counted command exited {} on the emulated board (qemu -cpu {}):\n{}".format(
+        result.returncode, cpu, result.stderr[-3000:]),
+        hint="a negative status is a signal (-11: the board's python3 crashed under qemu)")
+
+
+def count_instructions(bundle: Path, calls: int = 10, board: Optional[EmulatedBoard] = None,
+                       cpu: Optional[str] = None, specialization: Optional[str] = None, warmup: int = 1,
+                       inputs: Optional[Path] = None, random_inputs: bool = False) -> Dict[str, Any]:
+    """Guest instructions per call of one specialization of `bundle` on its emulated board (or `board`), under
+    its CPU (or `cpu`), one thread, on the bundle's reference inputs (or `inputs`, or seeded random ones).
+
+    Two processes load the bundle and make `warmup` calls; one then makes `calls` more. The difference, divided
+    by `calls`, is per_call; `baseline` is the first process's count (start-up, loading and the warm-up).
+    """
+    for name, value, least in (("calls", calls, 1), ("warmup", warmup, 0)):
+        if type(value) is not int or value < least:
+            raise EdgedynError("{}: expected an integer >= {}, got {!r}".format(name, least, value))
+    board = board or prepare(Path(bundle))
+    cpu = check_cpu(cpu or board.qemu_cpu)
+    options = {"specialization": specialization, "random_inputs": random_inputs,
+               "inputs": str(Path(inputs).resolve()) if inputs is not None else None}
+    argv = ["-c", _GUEST, str(Path(bundle).resolve())]
+    base = count_command(board, argv + [str(warmup), json.dumps(options)], cpu=cpu)
+    more = count_command(board, argv + [str(warmup + calls), json.dumps(options)], cpu=cpu)
+    ran = json.loads(base.stdout.splitlines()[-1])
+    plugin = plugin_library()
+    return dict(ran, bundle=str(bundle), board=board.name, cpu=cpu, threads=1, calls=calls, warmup=warmup,
+                per_call=(more.instructions - base.instructions) / calls, baseline=base.instructions,
+                total=more.instructions, vcpus=max(base.vcpus, more.vcpus), wall_s=base.wall_s + more.wall_s,
+                label=LABEL.format(board=board.name, cpu=cpu), plugin=plugin.describe(),
+                cpuinfo=describe_view(cpu_view(board.rootfs, cpu)))
