@@ -4,13 +4,15 @@ qemu-user 7.2 passes the host's /proc/cpuinfo through unless the `-L` root has i
 holds one describing a Cortex-A72 (onnxruntime needs an aarch64 one to start). XNNPACK reads the core's part
 number there to pick its kernels (a Cortex-A76 cpuinfo: 3-4% fewer instructions than an A72 one under the same
 -cpu), so a count under `-cpu cortex-a76` runs in a view of the rootfs whose cpuinfo says Cortex-A76, with the
-features qemu gives that model (read from the guest's own HWCAP). The view is a folder of links to the rootfs's
-entries plus its own proc/, cached beside the rootfs: the shared rootfs itself is never changed.
+features qemu gives that model (read from the guest's own HWCAP). The view is a copy of the rootfs made of hard
+links (seconds, no space) with its own proc/, cached beside the rootfs: the shared rootfs itself is never changed.
 """
 import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Tuple
 
 from edgedyn.boards import board_names, load_board
 from edgedyn.emulate.rootfs import BoardBuildError, EmulationError, build_once, default_cache_dir, run_on_board
@@ -26,7 +28,7 @@ HWCAP_NAMES = ("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp 
                "dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs sb paca pacg").split()
 CORES = 4  # every emulated board is shown with four cores, as the shared rootfs's cpuinfo always did
 # Bump when what a view holds changes.
-VIEW_VERSION = 1
+VIEW_VERSION = 2
 
 _PROBE = """
 import ctypes
@@ -82,17 +84,20 @@ def cpu_view(rootfs: Path, cpu: str, cache_dir: Optional[Path] = None) -> Path:
 
 
 def _build_view(rootfs: Path, cpu: str, target: Path) -> None:
-    target.mkdir(parents=True)
-    for entry in _entries(rootfs, skip=("proc",)):
-        # Absolute links: qemu resolves -L paths on the host, so ROOT's own relative links (lib -> usr/lib) are
-        # followed inside ROOT once the link reaches it.
-        (target / entry).symlink_to(rootfs / entry)
+    # A tree of hard links, not links to the rootfs's top folders: the guest sees symbolic links (lstat, readlink),
+    # and realpath() would follow /tmp or /root in the view to the rootfs's own folders on the host, where the
+    # host's /tmp/bundle or ~/.cache/edgedyn/... are not.
+    shutil.copytree(rootfs, target, symlinks=True, copy_function=_link_or_copy,
+                    ignore=lambda folder, names: ["proc"] if Path(folder) == rootfs else [])
     (target / "proc").mkdir()
     (target / "proc" / "cpuinfo").write_text(cpuinfo_text(cpu, guest_hwcap(rootfs, cpu)))
 
 
-def _entries(rootfs: Path, skip: Sequence[str]) -> List[str]:
-    return sorted(p.name for p in rootfs.iterdir() if p.name not in skip)
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(source, destination)
 
 
 def describe(view: Path) -> Dict[str, str]:

@@ -10,7 +10,7 @@ no spinning thread pools, fixed inputs, fixed hash seed: the same command gives 
 """
 import hashlib
 import json
-import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
-from edgedyn.emulate.board import EmulatedBoard, prepare
+from edgedyn.emulate.board import EmulatedBoard, Say, prepare, to_stderr
 from edgedyn.emulate.cpus import check_cpu, cpu_view
 from edgedyn.emulate.cpus import describe as describe_view
 from edgedyn.emulate.rootfs import EmulationError, board_environment, build_once, default_cache_dir
 from edgedyn.errors import EdgedynError
+from edgedyn.runtime.format import read_manifest
 
 PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "insn_count.c"
 # Note: counting needs Debian's dynamically linked qemu-user (qemu-user-static cannot load plugins) and a C
@@ -34,10 +35,16 @@ COUNT_HINT = "sudo apt-get install qemu-user gcc (in a source checkout: bash scr
 # Note: every count carries this label, in the table and in --json.
 LABEL = ("guest instructions per call on an emulated {board} (qemu-user, -cpu {cpu}, one thread): a proxy for speed "
          "on the board that ignores memory stalls, caches and per-instruction cost; not a time")
-# What makes two runs of one command execute the same instructions: Python's string hashing (set and dict order)
-# and one thread in every pool a library may start by itself (OpenBLAS under numpy spins while it waits).
+# How per_call is obtained, in words (--json carries it).
+METHOD = ("(instructions of a process that loads the bundle and makes 1 + N calls) minus (the same process making 1 "
+          "call), divided by N")
+# What makes two runs of one command execute the same instructions: Python's string hashing (set and dict order),
+# one thread in every pool a library may start by itself (OpenBLAS under numpy spins while it waits), and no
+# onnxruntime telemetry (1.32 starts a thread that writes a database at exit, a different amount each time). And
+# what the board's `edgedyn` command does too: TVM's runtime library only (its compiler costs 9 G instructions to
+# import, and minutes under the plugin).
 COUNT_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TVM_NUM_THREADS": "1",
-             "ORT_DISABLE_TELEMETRY": "1"}
+             "ORT_DISABLE_TELEMETRY": "1", "TVM_USE_RUNTIME_LIB": "1"}
 
 # Runs on the board: load the bundle on one thread, pick the specialization and inputs as `edgedyn bench` does,
 # call it N times, say what ran. Python 3.8 syntax (the board's Python).
@@ -117,37 +124,23 @@ def _compile(target: Path) -> None:
             result.returncode, " ".join(command), result.stderr[-3000:]), hint=COUNT_HINT)
 
 
-def count_command(board: Union[EmulatedBoard, Path], argv: Sequence[str], cpu: Optional[str] = None,
-                  env: Optional[Mapping[str, str]] = None, pythonpath: Sequence[Path] = (),
-                  timeout: float = 3600) -> Count:
-    """The guest instructions of the board's `python3 ARGV` under qemu-user -cpu `cpu`, start to exit.
-
-    `board` is a prepared EmulatedBoard (its edgedyn on the path, its CPU by default, a fresh bundle cache) or a
-    root filesystem (then `cpu` is required and `pythonpath` says where the packages are). Deterministic for a
-    deterministic command: one thread, a fixed hash seed (COUNT_ENV). A command that fails is an error.
-    """
-    if isinstance(board, EmulatedBoard):
-        rootfs, cpu, paths, cwd = board.rootfs, cpu or board.qemu_cpu, [board.site, *pythonpath], board.site.parent
-    elif cpu is None:
-        raise EdgedynError("count_command on a root filesystem needs the qemu CPU to count under",
-                           hint="pass cpu=, one of the boards' [emulation] qemu_cpu (edgedyn boards)")
-    else:
-        rootfs, paths, cwd = Path(board), list(pythonpath), None
+def count_program(program: Path, argv: Sequence[str], cpu: str, root: Optional[Path] = None,
+                  env: Optional[Mapping[str, str]] = None, cwd: Optional[Path] = None, timeout: float = 3600) -> Count:
+    """The guest instructions of the aarch64 `program ARGV` under qemu-user -cpu `cpu` (`-L root` when given),
+    start to exit, every thread included; `env` is its whole environment. A program that fails is an error."""
     check_cpu(cpu)
     plugin = plugin_library()
-    view = cpu_view(rootfs, cpu)
     with tempfile.TemporaryDirectory(prefix="edgedyn-count-") as work:
         out = Path(work) / "count.json"
-        # A fresh home and bundle cache per process: what a library writes there (onnxruntime 1.32 keeps a usage
-        # database under ~/.cache/Microsoft) would otherwise make the next run do other work.
-        (Path(work) / "home").mkdir()
-        environment = dict(COUNT_ENV, EDGEDYN_CACHE=str(Path(work) / "cache"), HOME=str(Path(work) / "home"))
-        environment.update(env or {})
-        command = [QEMU, "-L", str(view), "-cpu", cpu, "-plugin", "{},out={}".format(plugin.path, out),
-                   str(Path(rootfs) / "usr" / "bin" / "python3"), *argv]
+        # The qemu on this process's PATH (the one checked), not whichever the guest's PATH would find.
+        command = [str(shutil.which(QEMU)), *(["-L", str(root)] if root is not None else []), "-cpu", cpu,
+                   "-plugin", "{},out={}".format(plugin.path, out), str(program), *argv]
+        if "," in str(out) or "," in str(plugin.path):  # qemu splits -plugin's argument at commas
+            raise EmulationError("the counting plugin's paths hold a comma: {}, {}".format(plugin.path, out),
+                                 hint="set TMPDIR and EDGEDYN_CACHE to folders without commas")
         started = time.monotonic()
-        result = subprocess.run(command, env=board_environment(rootfs, environment, paths), cwd=cwd,
-                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(command, env=dict(env or {}), cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=timeout)
         wall = time.monotonic() - started
         if result.returncode != 0 or not out.is_file():
             raise _failure(result, cpu)
@@ -159,8 +152,37 @@ def count_command(board: Union[EmulatedBoard, Path], argv: Sequence[str], cpu: O
                  stdout=result.stdout, stderr=result.stderr)
 
 
+def count_command(board: Union[EmulatedBoard, Path], argv: Sequence[str], cpu: Optional[str] = None,
+                  env: Optional[Mapping[str, str]] = None, pythonpath: Sequence[Path] = (),
+                  timeout: float = 3600) -> Count:
+    """The guest instructions of the board's `python3 ARGV` under qemu-user -cpu `cpu`, start to exit.
+
+    `board` is a prepared EmulatedBoard (its edgedyn on the path, its CPU by default) or a root filesystem (then
+    `cpu` is required and `pythonpath` says where the packages are). The guest sees `cpu` in /proc/cpuinfo, a
+    fresh home and bundle cache, one thread per pool and a fixed hash seed (COUNT_ENV), so a deterministic
+    command counts the same every time. A command that fails is an error.
+    """
+    if isinstance(board, EmulatedBoard):
+        rootfs, cpu, paths, cwd = board.rootfs, cpu or board.qemu_cpu, [board.site, *pythonpath], board.site.parent
+    elif cpu is None:
+        raise EdgedynError("count_command on a root filesystem needs the qemu CPU to count under",
+                           hint="pass cpu=, one of the boards' [emulation] qemu_cpu (edgedyn boards)")
+    else:
+        rootfs, paths, cwd = Path(board), list(pythonpath), None
+    view = cpu_view(rootfs, check_cpu(cpu))
+    with tempfile.TemporaryDirectory(prefix="edgedyn-guest-") as work:
+        # A fresh home and bundle cache per process: what a library writes there (onnxruntime 1.32 keeps a usage
+        # database under ~/.cache/Microsoft) would otherwise make the next run do other work.
+        (Path(work) / "home").mkdir()
+        environment = dict(COUNT_ENV, EDGEDYN_CACHE=str(Path(work) / "cache"), HOME=str(Path(work) / "home"))
+        environment.update(env or {})
+        return count_program(view / "usr" / "bin" / "python3", argv, cpu, root=view,
+                             env=board_environment(rootfs, environment, paths), cwd=cwd, timeout=timeout)
+
+
 def _failure(result: "subprocess.CompletedProcess[str]", cpu: str) -> EmulationError:
-    if "plugin" in result.stderr.lower() and result.returncode == 1 and not result.stdout:
+    # qemu's own complaints: "qemu: unknown option 'plugin'" (a static build), "qemu-aarch64: Could not load plugin".
+    if result.returncode == 1 and re.search(r"^qemu[\w-]*: .*plugin", result.stderr, re.IGNORECASE | re.MULTILINE):
         return EmulationError("{} could not load the instruction-counting plugin:\n{}".format(
             shutil.which(QEMU), result.stderr[-2000:]),
             hint="counting needs Debian's dynamically linked qemu-user 7.2 (not a static build): " + COUNT_HINT)
@@ -178,9 +200,8 @@ def count_instructions(bundle: Path, calls: int = 10, board: Optional[EmulatedBo
     Two processes load the bundle and make `warmup` calls; one then makes `calls` more. The difference, divided
     by `calls`, is per_call; `baseline` is the first process's count (start-up, loading and the warm-up).
     """
-    for name, value, least in (("calls", calls, 1), ("warmup", warmup, 0)):
-        if type(value) is not int or value < least:
-            raise EdgedynError("{}: expected an integer >= {}, got {!r}".format(name, least, value))
+    _check_counts(calls, warmup)
+    check_counting_tools()
     board = board or prepare(Path(bundle))
     cpu = check_cpu(cpu or board.qemu_cpu)
     options = {"specialization": specialization, "random_inputs": random_inputs,
@@ -195,3 +216,40 @@ def count_instructions(bundle: Path, calls: int = 10, board: Optional[EmulatedBo
                 total=more.instructions, vcpus=max(base.vcpus, more.vcpus), wall_s=base.wall_s + more.wall_s,
                 label=LABEL.format(board=board.name, cpu=cpu), plugin=plugin.describe(),
                 cpuinfo=describe_view(cpu_view(board.rootfs, cpu)))
+
+
+def _check_counts(calls: int, warmup: int) -> None:
+    for name, value, least in (("calls", calls, 1), ("warmup", warmup, 0)):
+        if type(value) is not int or value < least:
+            raise EdgedynError("{}: expected an integer >= {}, got {!r}".format(name, least, value),
+                               hint="--calls 10 counts ten calls after one warm-up call" if name == "calls" else None)
+
+
+def count_bundle(bundle: Path, calls: int = 10, cpu: Optional[str] = None, specialization: Optional[str] = None,
+                 inputs: Optional[Path] = None, random_inputs: bool = False,
+                 say: Say = to_stderr) -> Dict[str, Any]:
+    """`edgedyn bench --emulate --instructions`: per-call instructions of each specialization (or the one named)
+    of `bundle` on its emulated board, under its CPU or `cpu`; the report --json prints."""
+    # Everything a caller can get wrong is refused before the board is built (minutes the first time).
+    _check_counts(calls, 1)
+    manifest = read_manifest(Path(bundle))
+    names = [spec["name"] for spec in manifest["specializations"]]
+    if specialization is not None and specialization not in names:
+        raise EdgedynError("bundle has no specialization '{}'; choose from: {}".format(specialization, ", ".join(names)))
+    if cpu is not None:
+        check_cpu(cpu)
+    check_counting_tools()
+    board = prepare(Path(bundle), say=say)
+    cpu = cpu or board.qemu_cpu
+    counts = []
+    for name in [specialization] if specialization is not None else names:
+        say("counting guest instructions of {} on the emulated {} (qemu -cpu {}, 1 thread): two processes, "
+            "{} and {} calls".format(name, board.name, cpu, 1, 1 + calls))
+        count = count_instructions(bundle, calls=calls, board=board, cpu=cpu, specialization=name, inputs=inputs,
+                                   random_inputs=random_inputs)
+        counts.append({key: count[key] for key in ("specialization", "selection", "backend", "inputs", "per_call",
+                                                   "baseline", "total", "vcpus", "wall_s")})
+    return {"bundle": str(bundle), "model": manifest["model"]["name"], "board": board.name, "cpu": cpu,
+            "label": count["label"], "unit": "guest instructions per call", "calls": calls, "warmup": 1, "threads": 1,
+            "method": METHOD, "counts": counts, "plugin": count["plugin"], "cpuinfo": count["cpuinfo"],
+            "emulation": dict(board.describe(), qemu_cpu=cpu)}
