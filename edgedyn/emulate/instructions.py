@@ -27,6 +27,15 @@ from edgedyn.errors import EdgedynError
 from edgedyn.runtime.format import read_manifest
 
 PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "insn_count.c"
+
+
+def _c_define(name: str) -> str:
+    """A #define of the plugin's source: its constants have one definition, there."""
+    return PLUGIN_SOURCE.read_text().split("#define {} ".format(name), 1)[1].split("\n", 1)[0].strip()
+
+
+# A guest marks a point of its run with syscall(MARK_SYSCALL, MARK_MAGIC); the plugin keeps the count there.
+MARK_SYSCALL, MARK_MAGIC = int(_c_define("MARK_SYSCALL"), 16), int(_c_define("MARK_MAGIC"), 16)
 # Note: counting needs Debian's dynamically linked qemu-user (qemu-user-static cannot load plugins) and a C
 # compiler for the plugin; scripts/install.sh installs both.
 QEMU = "qemu-aarch64"
@@ -35,9 +44,15 @@ COUNT_HINT = "sudo apt-get install qemu-user gcc (in a source checkout: bash scr
 # Note: every count carries this label, in the table and in --json.
 LABEL = ("guest instructions per call on an emulated {board} (qemu-user, -cpu {cpu}, one thread): a proxy for speed "
          "on the board that ignores memory stalls, caches and per-instruction cost; not a time")
-# How per_call is obtained, in words (--json carries it).
-METHOD = ("(instructions of a process that loads the bundle and makes 1 + N calls) minus (the same process making 1 "
-          "call), divided by N")
+# How per_call is obtained, in words (--json carries it). "processes" cancels everything before the calls by
+# subtraction between two processes; "marks" reads the count at marks the guest makes (see the plugin's
+# MARK_SYSCALL) in one process: half the time, and immune to start-up work that differs between processes.
+METHODS = {
+    "processes": "(instructions of a process that loads the bundle and makes {warmup} + N calls) minus (the same "
+                 "process making {warmup}), divided by N",
+    "marks": "(instructions between a mark after {warmup} call(s) and a mark after N more, in one process) minus "
+             "(those between two marks with nothing between), divided by N",
+}
 # What makes two runs of one command execute the same instructions: Python's string hashing (set and dict order),
 # one thread in every pool a library may start by itself (OpenBLAS under numpy spins while it waits), and no
 # onnxruntime telemetry (1.32 starts a thread that writes a database at exit, a different amount each time). And
@@ -52,12 +67,22 @@ _GUEST = """
 import json, sys
 from edgedyn.runtime.bench import BenchConfig, as_called, choose_inputs
 from edgedyn.runtime.program import load
-path, calls, options = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+path, warmup, calls, options, marks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
 program = load(path, threads=1, device="cpu")
 spec, values, source = choose_inputs(program, BenchConfig(threads=1, device="cpu", **options))
 args, kwargs = as_called(program, values)
+mark = lambda: None
+if marks != "-":
+    import ctypes
+    syscall, number, magic = ctypes.CDLL(None).syscall, int(marks.split(",")[0]), ctypes.c_long(int(marks.split(",")[1]))
+    mark = lambda: syscall(number, magic)
+for _ in range(warmup):
+    program(*args, **kwargs)
+mark()
+mark()
 for _ in range(calls):
     program(*args, **kwargs)
+mark()
 print(json.dumps({"specialization": spec.name, "selection": spec.selection(), "backend": spec.artifact["backend"],
                   "inputs": source}))
 """
@@ -82,6 +107,7 @@ class Count:
     instructions: int
     vcpus: int  # 1 + the highest vCPU (guest thread) index that ran
     per_vcpu: Tuple[int, ...]  # instructions of each vCPU index (below 1024)
+    marks: Tuple[int, ...]  # the total at each mark the guest made (the plugin's MARK_SYSCALL)
     cpu: str
     wall_s: float
     stdout: str
@@ -109,7 +135,7 @@ def plugin_library(cache_dir: Optional[Path] = None) -> Plugin:
     digest = hashlib.sha256(source).hexdigest()
     boards = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder = build_once(boards / "plugins" / "insn_count-{}".format(digest[:16]), _compile)
-    version = source.decode().split('#define EDGEDYN_PLUGIN_VERSION "', 1)[1].split('"', 1)[0]
+    version = _c_define("EDGEDYN_PLUGIN_VERSION").strip('"')
     return Plugin(path=folder / "insn_count.so", sha256=digest, version=version)
 
 
@@ -148,7 +174,8 @@ def count_program(program: Path, argv: Sequence[str], cpu: str, root: Optional[P
     if counted["plugin"] != plugin.version:
         raise AssertionError("the plugin wrote {!r}, expected {!r}".format(counted["plugin"], plugin.version))
     return Count(instructions=int(counted["instructions"]), vcpus=int(counted["vcpus"]),
-                 per_vcpu=tuple(int(n) for n in counted["per_vcpu"]), cpu=cpu, wall_s=wall,
+                 per_vcpu=tuple(int(n) for n in counted["per_vcpu"]), marks=tuple(int(n) for n in counted["marks"]),
+                 cpu=cpu, wall_s=wall,
                  stdout=result.stdout, stderr=result.stderr)
 
 
@@ -193,29 +220,38 @@ def _failure(result: "subprocess.CompletedProcess[str]", cpu: str) -> EmulationE
 
 def count_instructions(bundle: Path, calls: int = 10, board: Optional[EmulatedBoard] = None,
                        cpu: Optional[str] = None, specialization: Optional[str] = None, warmup: int = 1,
-                       inputs: Optional[Path] = None, random_inputs: bool = False) -> Dict[str, Any]:
+                       inputs: Optional[Path] = None, random_inputs: bool = False,
+                       method: str = "processes") -> Dict[str, Any]:
     """Guest instructions per call of one specialization of `bundle` on its emulated board (or `board`), under
     its CPU (or `cpu`), one thread, on the bundle's reference inputs (or `inputs`, or seeded random ones).
 
-    Two processes load the bundle and make `warmup` calls; one then makes `calls` more. The difference, divided
-    by `calls`, is per_call; `baseline` is the first process's count (start-up, loading and the warm-up).
+    "processes": two processes load the bundle and make `warmup` calls, one then `calls` more; the difference,
+    divided by `calls`, is per_call, and `baseline` is the first process's count (start-up, loading, warm-up).
+    "marks": one process marks before and after the `calls` (METHODS); `baseline` is the count at the first mark.
     """
     _check_counts(calls, warmup)
+    if method not in METHODS:
+        raise EdgedynError("unknown counting method '{}'; choose from: {}".format(method, ", ".join(sorted(METHODS))))
     check_counting_tools()
     board = board or prepare(Path(bundle))
     cpu = check_cpu(cpu or board.qemu_cpu)
-    options = {"specialization": specialization, "random_inputs": random_inputs,
-               "inputs": str(Path(inputs).resolve()) if inputs is not None else None}
-    argv = ["-c", _GUEST, str(Path(bundle).resolve())]
-    base = count_command(board, argv + [str(warmup), json.dumps(options)], cpu=cpu)
-    more = count_command(board, argv + [str(warmup + calls), json.dumps(options)], cpu=cpu)
-    ran = json.loads(base.stdout.splitlines()[-1])
-    plugin = plugin_library()
+    options = json.dumps({"specialization": specialization, "random_inputs": random_inputs,
+                          "inputs": str(Path(inputs).resolve()) if inputs is not None else None})
+    argv = ["-c", _GUEST, str(Path(bundle).resolve()), str(warmup)]
+    if method == "marks":
+        run = count_command(board, argv + [str(calls), options, "{},{}".format(MARK_SYSCALL, MARK_MAGIC)], cpu=cpu)
+        first, empty, last = run.marks
+        per_call, baseline, runs = ((last - empty) - (empty - first)) / calls, first, [run]
+    else:
+        base = count_command(board, argv + ["0", options, "-"], cpu=cpu)
+        more = count_command(board, argv + [str(calls), options, "-"], cpu=cpu)
+        per_call, baseline, runs = (more.instructions - base.instructions) / calls, base.instructions, [base, more]
+    ran = json.loads(runs[-1].stdout.splitlines()[-1])
     return dict(ran, bundle=str(bundle), board=board.name, cpu=cpu, threads=1, calls=calls, warmup=warmup,
-                per_call=(more.instructions - base.instructions) / calls, baseline=base.instructions,
-                total=more.instructions, vcpus=max(base.vcpus, more.vcpus), wall_s=base.wall_s + more.wall_s,
-                label=LABEL.format(board=board.name, cpu=cpu), plugin=plugin.describe(),
-                cpuinfo=describe_view(cpu_view(board.rootfs, cpu)))
+                method=METHODS[method].format(warmup=warmup), per_call=per_call, baseline=baseline,
+                total=runs[-1].instructions, vcpus=max(run.vcpus for run in runs),
+                wall_s=sum(run.wall_s for run in runs), label=LABEL.format(board=board.name, cpu=cpu),
+                plugin=plugin_library().describe(), cpuinfo=describe_view(cpu_view(board.rootfs, cpu)))
 
 
 def _check_counts(calls: int, warmup: int) -> None:
@@ -251,5 +287,5 @@ def count_bundle(bundle: Path, calls: int = 10, cpu: Optional[str] = None, speci
                                                    "baseline", "total", "vcpus", "wall_s")})
     return {"bundle": str(bundle), "model": manifest["model"]["name"], "board": board.name, "cpu": cpu,
             "label": count["label"], "unit": "guest instructions per call", "calls": calls, "warmup": 1, "threads": 1,
-            "method": METHOD, "counts": counts, "plugin": count["plugin"], "cpuinfo": count["cpuinfo"],
+            "method": count["method"], "counts": counts, "plugin": count["plugin"], "cpuinfo": count["cpuinfo"],
             "emulation": dict(board.describe(), qemu_cpu=cpu)}

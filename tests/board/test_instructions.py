@@ -117,6 +117,15 @@ def test_every_backend_counts_the_same_twice(pi5: EmulatedBoard, export_example,
     assert first["inputs"] == "reference" and "-cpu cortex-a76, one thread" in first["label"]
 
 
+def test_marks_in_one_process_agree_with_two_processes(pi5: EmulatedBoard, export_example) -> None:
+    bundle = export_example("tiny_cnn", board="raspberry-pi-5", backend="onnxruntime")
+    marked, again = (count_instructions(bundle, calls=3, board=pi5, method="marks") for _ in range(2))
+    processes = count_instructions(bundle, calls=3, board=pi5)
+    assert marked["per_call"] == again["per_call"], (marked, again)  # no start-up in it at all
+    assert abs(marked["per_call"] - processes["per_call"]) <= 0.005 * processes["per_call"], (marked, processes)
+    assert "in one process" in marked["method"] and "in one process" not in processes["method"]
+
+
 def test_a_bigger_input_counts_more(pi5: EmulatedBoard, tmp_path: Path) -> None:
     import edgedyn
 

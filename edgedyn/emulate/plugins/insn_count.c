@@ -1,6 +1,7 @@
 /*
  * edgedyn's instruction counter: a qemu-user TCG plugin that counts the guest instructions a process executes
  * and writes the total to the file named by its `out=` argument (the guest's own stdout stays untouched).
+ * A guest may also mark points of its run: the total at each mark is written too (see MARK_SYSCALL).
  *
  *   qemu-aarch64 -L ROOT -cpu cortex-a76 -plugin insn_count.so,out=/tmp/count.json ROOT/usr/bin/python3 ...
  *
@@ -21,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define EDGEDYN_PLUGIN_VERSION "edgedyn-insn-count 1"
+#define EDGEDYN_PLUGIN_VERSION "edgedyn-insn-count 2"
 #define EXPORT __attribute__((visibility("default")))
 
 /* ---- The QEMU 7.2 plugin API (include/qemu/qemu-plugin.h, QEMU_PLUGIN_VERSION 1), the parts used here. ---- */
@@ -48,11 +49,15 @@ enum qemu_plugin_cb_flags { QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_CB_R_REGS, QEMU_
 typedef void (*qemu_plugin_udata_cb_t)(qemu_plugin_id_t id, void *userdata);
 typedef void (*qemu_plugin_vcpu_udata_cb_t)(unsigned int vcpu_index, void *userdata);
 typedef void (*qemu_plugin_vcpu_tb_trans_cb_t)(qemu_plugin_id_t id, struct qemu_plugin_tb *tb);
+typedef void (*qemu_plugin_vcpu_syscall_cb_t)(qemu_plugin_id_t id, unsigned int vcpu_index, int64_t num, uint64_t a1,
+                                              uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5, uint64_t a6,
+                                              uint64_t a7, uint64_t a8);
 
 extern void qemu_plugin_register_vcpu_tb_trans_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_tb_trans_cb_t cb);
 extern void qemu_plugin_register_vcpu_tb_exec_cb(struct qemu_plugin_tb *tb, qemu_plugin_vcpu_udata_cb_t cb,
                                                  enum qemu_plugin_cb_flags flags, void *userdata);
 extern size_t qemu_plugin_tb_n_insns(const struct qemu_plugin_tb *tb);
+extern void qemu_plugin_register_vcpu_syscall_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_cb_t cb);
 extern void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void *userdata);
 extern void qemu_plugin_outs(const char *string);
 
@@ -61,9 +66,9 @@ EXPORT int qemu_plugin_version = 1;
 
 /* ---- The counter. ---- */
 
-/* One counter per vCPU, each on its own cache line so threads do not slow each other down. QEMU gives a new
- * thread the lowest free vCPU index, so indices stay below the number of live threads; a process with more live
- * threads than slots shares one atomic counter for the rest (still exact, only slower). */
+/* One counter per vCPU, each on its own cache line so threads do not slow each other down. QEMU numbers a new
+ * thread one above the highest live index; a process whose indices reach SLOTS shares one atomic counter for the
+ * rest (still exact, only slower). */
 #define SLOTS 1024
 struct slot {
     uint64_t insns;
@@ -73,6 +78,15 @@ static struct slot counts[SLOTS];
 static uint64_t overflow;      /* atomic: vCPUs with index >= SLOTS */
 static unsigned int vcpus_seen; /* atomic max: 1 + the highest vCPU index that executed code */
 static char out_path[4096];
+
+/* A mark: the guest calls syscall(MARK_SYSCALL, MARK_MAGIC), a number Linux has no syscall for (qemu answers
+ * -ENOSYS and does nothing else), and the total of every vCPU at that point is kept. In Python:
+ * ctypes.CDLL(None).syscall(0x6564, ctypes.c_long(0x6564796e)). */
+#define MARK_SYSCALL 0x6564
+#define MARK_MAGIC 0x6564796e
+#define MAX_MARKS 4096
+static uint64_t marks[MAX_MARKS];
+static unsigned int n_marks; /* atomic */
 static pid_t owner;            /* the process that loaded the plugin; a forked child inherits it but writes nothing */
 
 static void note_vcpu(unsigned int vcpu_index)
@@ -104,6 +118,28 @@ static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     qemu_plugin_register_vcpu_tb_exec_cb(tb, on_block, QEMU_PLUGIN_CB_NO_REGS, (void *)(uintptr_t)n);
 }
 
+static uint64_t total_now(void)
+{
+    uint64_t total = __atomic_load_n(&overflow, __ATOMIC_RELAXED);
+    for (unsigned int i = 0; i < SLOTS; i++) {
+        total += __atomic_load_n(&counts[i].insns, __ATOMIC_RELAXED);
+    }
+    return total;
+}
+
+static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu_index, int64_t num, uint64_t a1, uint64_t a2,
+                       uint64_t a3, uint64_t a4, uint64_t a5, uint64_t a6, uint64_t a7, uint64_t a8)
+{
+    (void)id, (void)vcpu_index, (void)a2, (void)a3, (void)a4, (void)a5, (void)a6, (void)a7, (void)a8;
+    if (num != MARK_SYSCALL || a1 != MARK_MAGIC) {
+        return;
+    }
+    unsigned int index = __atomic_fetch_add(&n_marks, 1, __ATOMIC_RELAXED);
+    if (index < MAX_MARKS) {
+        marks[index] = total_now();
+    }
+}
+
 static void write_total(qemu_plugin_id_t id, void *unused)
 {
     (void)id;
@@ -111,10 +147,7 @@ static void write_total(qemu_plugin_id_t id, void *unused)
     if (getpid() != owner) {
         return; /* a forked child: its counters began as a copy of its parent's, so its total means nothing */
     }
-    uint64_t total = __atomic_load_n(&overflow, __ATOMIC_RELAXED);
-    for (unsigned int i = 0; i < SLOTS; i++) {
-        total += __atomic_load_n(&counts[i].insns, __ATOMIC_RELAXED);
-    }
+    uint64_t total = total_now();
     /* Written beside the target and renamed into place, so a reader never sees half a file. */
     char partial[sizeof(out_path) + 16];
     snprintf(partial, sizeof(partial), "%s.partial", out_path);
@@ -129,7 +162,12 @@ static void write_total(qemu_plugin_id_t id, void *unused)
     for (unsigned int i = 0; i < vcpus && i < SLOTS; i++) {
         fprintf(file, "%s%llu", i ? ", " : "", (unsigned long long)__atomic_load_n(&counts[i].insns, __ATOMIC_RELAXED));
     }
-    fprintf(file, "]}\n");
+    unsigned int marked = __atomic_load_n(&n_marks, __ATOMIC_RELAXED);
+    fprintf(file, "], \"marks\": [");
+    for (unsigned int i = 0; i < marked && i < MAX_MARKS; i++) {
+        fprintf(file, "%s%llu", i ? ", " : "", (unsigned long long)marks[i]);
+    }
+    fprintf(file, "], \"marks_dropped\": %u}\n", marked > MAX_MARKS ? marked - MAX_MARKS : 0);
     if (fclose(file) != 0 || rename(partial, out_path) != 0) {
         qemu_plugin_outs("insn_count: cannot write the count file\n");
     }
@@ -155,6 +193,7 @@ EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int
     }
     owner = getpid();
     qemu_plugin_register_vcpu_tb_trans_cb(id, on_translate);
+    qemu_plugin_register_vcpu_syscall_cb(id, on_syscall);
     qemu_plugin_register_atexit_cb(id, write_total, NULL);
     return 0;
 }
