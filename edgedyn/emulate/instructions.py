@@ -5,8 +5,9 @@ CPU model does not depend on the host or its load. A small TCG plugin (plugins/i
 the host's gcc on first use) counts them; Debian's dynamically linked qemu-user loads it (the static qemu cannot).
 
 Per call = (instructions of a process that loads the bundle, makes `warmup` calls and then N more) minus (the
-same process with the warm-up calls only), divided by N: start-up, imports and loading cancel out. One thread,
-no spinning thread pools, fixed inputs, fixed hash seed: the same command gives the same count.
+same process with the warm-up calls only), divided by N: start-up, imports and loading cancel out. Or, in one
+process, the count between marks the guest makes before and after the N calls (METHODS). One thread, no spinning
+thread pools, fixed inputs, fixed hash seed: the same command gives the same count.
 """
 import hashlib
 import json
@@ -56,8 +57,8 @@ METHODS = {
 # What makes two runs of one command execute the same instructions: Python's string hashing (set and dict order),
 # one thread in every pool a library may start by itself (OpenBLAS under numpy spins while it waits), and no
 # onnxruntime telemetry (1.32 starts a thread that writes a database at exit, a different amount each time). And
-# what the board's `edgedyn` command does too: TVM's runtime library only (its compiler costs 9 G instructions to
-# import, and minutes under the plugin).
+# what the board's `edgedyn` command does too: TVM's runtime library only (the compiler adds 1.6 G instructions
+# to every process's import, on top of the 8 G that importing TVM's FFI and ml_dtypes costs).
 COUNT_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TVM_NUM_THREADS": "1",
              "ORT_DISABLE_TELEMETRY": "1", "TVM_USE_RUNTIME_LIB": "1"}
 
