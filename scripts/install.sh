@@ -13,6 +13,7 @@ APT_PACKAGES=(
   g++ binutils                                                            # TVM links x86 libraries with g++
   gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu  # link TVM code for arm64 boards
   qemu-user-static mmdebstrap debian-archive-keyring                      # the emulated aarch64 board in tests/board
+  qemu-user gcc                                                           # count its instructions (qemu-aarch64 loads a plugin)
 )
 [ "$(id -u)" -eq 0 ] || APT_PACKAGES+=(uidmap)  # mmdebstrap as non-root needs newuidmap (not pulled in by default)
 PYTHON=${PYTHON:-python3}

@@ -80,6 +80,16 @@ DEVICE_CASES = {
     "inspect --picture-dir on a file": (lambda b, t: ["inspect", b, "--memory", "--picture-dir", str(_file(t))],
                                         "is not a folder"),
     "verify a folder": (lambda b, t: ["verify", str(t)], "is a folder"),
+    "bench --instructions without --emulate": (lambda b, t: ["bench", b, "--instructions"], "it needs --emulate"),
+    "bench --cpu without --instructions": (lambda b, t: ["bench", b, "--emulate", "--cpu", "cortex-a72"],
+                                           "--cpu applies to counting instructions"),
+    "bench --instructions --cpu unknown": (lambda b, t: ["bench", b, "--emulate", "--instructions", "--cpu", "a76"],
+                                           "unknown qemu CPU 'a76' for the emulated boards; choose from: cortex-a57, "
+                                           "cortex-a72, cortex-a76"),
+    "bench --instructions --calls 0": (lambda b, t: ["bench", b, "--emulate", "--instructions", "--calls", "0"],
+                                       "calls: expected an integer >= 1, got 0"),
+    "bench --instructions --threads 4": (lambda b, t: ["bench", b, "--emulate", "--instructions", "--threads", "4"],
+                                         "--instructions counts on one thread"),
 }
 
 

@@ -39,6 +39,15 @@ def bench_command(
     emulate: Annotated[bool, typer.Option("--emulate", help="Run it on an emulated board of the bundle's kind "
                                           "(qemu-user): checks that it runs there; the timings mean nothing.")]
     = False,
+    instructions: Annotated[bool, typer.Option("--instructions", help="With --emulate: count the guest instructions "
+                                               "per call of each specialization on the emulated board (qemu-user, "
+                                               "one thread), a deterministic proxy for speed there; not a time.")]
+    = False,
+    cpu: Annotated[Optional[str], typer.Option(help="With --instructions: count under this qemu CPU model instead of "
+                                                    "the board's (one a board file's [emulation] qemu_cpu names, "
+                                                    "e.g. cortex-a72).")] = None,
+    calls: Annotated[Optional[int], typer.Option(help="With --instructions: calls counted after one warm-up call "
+                                                      "(default 10).")] = None,
     remote: RemoteOption = None,
     key: KeyOption = None,
     all_boards: AllBoardsOption = False,
@@ -53,6 +62,10 @@ def bench_command(
                    random_inputs=random_inputs, device=device, profile=profile,
                    profile_runs=profile_runs if profile else 0)
     config = BenchConfig(**options)  # checked here, before any board is asked for
+    if instructions or cpu is not None or calls is not None:
+        _check_instruction_options(instructions, emulate, remote, config, cpu, calls)
+        _bench_instructions(bundle, config, cpu, calls, json_path)
+        return
     if remote is not None:
         if emulate:
             raise EdgedynError("--emulate and --remote each choose where the bundle runs: give one",
@@ -80,6 +93,60 @@ def bench_command(
             for table in profile_tables(report["ops"], label):
                 out.print(table)
             out.print(profile_footer(report["ops"], label))
+
+
+def _bench_instructions(bundle: Path, config: Any, cpu: Optional[str], calls: Optional[int],
+                        json_path: Optional[str]) -> None:
+    """`bench --emulate --instructions`: guest instructions per call of each specialization, as a table or JSON."""
+    from edgedyn.emulate.instructions import count_bundle
+
+    report = count_bundle(bundle, calls=10 if calls is None else calls, cpu=cpu, specialization=config.specialization,
+                          inputs=Path(config.inputs) if config.inputs else None, random_inputs=config.random_inputs)
+    if not emit_json(report, json_path):
+        out.print(instructions_table(report))
+        out.print(instructions_footer(report))
+
+
+def _check_instruction_options(instructions: bool, emulate: bool, remote: Optional[str], config: Any,
+                               cpu: Optional[str], calls: Optional[int]) -> None:
+    """Refuse options that do not go with counting instructions, before anything is built."""
+    if not instructions:
+        given = "--cpu" if cpu is not None else "--calls"
+        raise EdgedynError("{} applies to counting instructions".format(given),
+                           hint="add --emulate --instructions, or drop {}".format(given))
+    if not emulate or remote is not None:
+        raise EdgedynError("--instructions counts on the emulated board: it needs --emulate{}".format(
+            " instead of --remote" if remote is not None else ""),
+            hint="edgedyn bench BUNDLE --emulate --instructions")
+    if config.threads is not None and config.threads != 1:
+        raise EdgedynError("--instructions counts on one thread (a pool's idle spinning would be counted as work); "
+                           "got --threads {}".format(config.threads), hint="drop --threads")
+    if config.profile:
+        raise EdgedynError("--profile times operators; --instructions counts a whole call", hint="give one of them")
+
+
+def instructions_table(report: Dict[str, Any]) -> Table:
+    """Guest instructions per call, one row per specialization."""
+    table = Table(title="guest instructions per call: {} on an emulated {} (qemu-user -cpu {}, 1 thread)".format(
+        report["model"], report["board"], report["cpu"]), title_justify="left")
+    for column in ("specialization", "runs", "per call", "process with 1 call", "calls counted", "wall s here"):
+        table.add_column(column, justify="left" if column in ("specialization", "runs") else "right", overflow="fold")
+    for count in report["counts"]:
+        runs = count["selection"].split(": ", 1)[-1]
+        table.add_row(count["specialization"], runs, "{:,.0f} ({:.2f} M)".format(count["per_call"],
+                                                                              count["per_call"] / 1e6),
+                      "{:,}".format(count["baseline"]), str(report["calls"]), "{:.1f}".format(count["wall_s"]))
+    return table
+
+
+def instructions_footer(report: Dict[str, Any]) -> str:
+    """What the numbers are and are not, and how they were counted."""
+    return "\n".join([
+        "note: {}".format(report["label"]),
+        "note: per call = {}; inputs: {}; same command, same count".format(
+            report["method"], ", ".join(sorted({c["inputs"] for c in report["counts"]}))),
+        "note: the guest sees a {} (/proc/cpuinfo part {}, features: {})".format(
+            report["cpu"], report["cpuinfo"]["cpu_part"], report["cpuinfo"]["features"])])
 
 
 def profile_tables(ops: Dict[str, Any], label: Optional[str] = None) -> List[Table]:

@@ -21,7 +21,7 @@ from edgedyn.runtime.format import read_manifest
 Say = Callable[[str], None]
 
 
-def _stderr(message: str) -> None:
+def to_stderr(message: str) -> None:
     sys.stderr.write("emulate: {}\n".format(message))
     sys.stderr.flush()
 
@@ -98,7 +98,7 @@ def image_for(suite: str, extras: Sequence[str]) -> BoardImage:
     return BoardImage(suite, extras=tuple(extras))
 
 
-def prepare(bundle: Path, say: Say = _stderr, cache_dir: Optional[Path] = None) -> EmulatedBoard:
+def prepare(bundle: Path, say: Say = to_stderr, cache_dir: Optional[Path] = None) -> EmulatedBoard:
     """The emulated board for `bundle`, built (rootfs, then this edgedyn's install) once and reused."""
     manifest = read_manifest(bundle)
     name, cpu, suite = emulation_of(manifest)
@@ -118,7 +118,7 @@ def prepare(bundle: Path, say: Say = _stderr, cache_dir: Optional[Path] = None) 
 
 
 def run_command(board: EmulatedBoard, command: str, bundle: Path, options: List[str],
-                say: Say = _stderr) -> "subprocess.CompletedProcess[str]":
+                say: Say = to_stderr) -> "subprocess.CompletedProcess[str]":
     """`python3 -m edgedyn COMMAND BUNDLE OPTIONS` on the board; a crash of the board's Python is an error."""
     say("running edgedyn {} on the emulated {} (qemu -cpu {})".format(command, board.name, board.qemu_cpu))
     result = board.run_edgedyn(["-m", "edgedyn", command, str(Path(bundle).resolve()), *options])

@@ -190,13 +190,8 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
     started = clock()
     program = load(path, threads=config.threads, device=config.device)
     init_ms = (clock() - started) * 1000.0
-    spec, values, source = _choose_inputs(program, config)
-    # Called as users call it: positionally, in the signature's order (the fast path for arrays of the exact dtypes
-    # and shapes; keywords would time binding every call, ~5 us that a positional call never pays).
-    names = [param["name"] for param in program.signature]
-    positional, keywords = [], values  # type: List[Any], Dict[str, Any]
-    if all(name in values for name in names):
-        positional, keywords = [values[name] for name in names], {}
+    spec, values, source = choose_inputs(program, config)
+    positional, keywords = as_called(program, values)
 
     def call() -> Any:
         return program(*positional, **keywords)
@@ -291,7 +286,17 @@ def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float, 
     return profiling.summarize(raw, median_ms, guard_ms, interleaved)
 
 
-def _choose_inputs(program: Any, config: BenchConfig) -> Tuple[Any, Dict[str, Any], str]:
+def as_called(program: Any, values: Dict[str, Any]) -> Tuple[List[Any], Dict[str, Any]]:
+    """(positional, keyword) arguments that call `program` with `values` as users call it."""
+    # Positionally, in the signature's order: the fast path for arrays of the exact dtypes and shapes; keywords
+    # would time binding every call, ~5 us that a positional call never pays.
+    names = [param["name"] for param in program.signature]
+    if all(name in values for name in names):
+        return [values[name] for name in names], {}
+    return [], values
+
+
+def choose_inputs(program: Any, config: BenchConfig) -> Tuple[Any, Dict[str, Any], str]:
     """The specialization to time, the arguments to time it with, and where those came from."""
     names = [s.name for s in program.specializations]
     chosen = None
