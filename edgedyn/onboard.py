@@ -83,7 +83,10 @@ class Measurement:
         return self._emulated
 
     def run(self, label: str, artifact: Artifact, batches: List[List[np.ndarray]]) -> Tuple[List[List[np.ndarray]], str]:
-        """(the candidate's outputs on each batch, computed on the emulated board; the precision it computed in)."""
+        """(the candidate's outputs on each batch, computed on the emulated board; the precision it computed in).
+
+        It runs where it is counted: in the board's CPU view (the guest's /proc/cpuinfo names the board's CPU, as
+        XNNPACK and ncnn read it), with the counted runs' environment."""
         folder = Path(self._workdir.name) / label.replace(":", "-")
         folder.mkdir()
         bundle = self.probe(artifact, folder)
@@ -91,7 +94,7 @@ class Measurement:
         arrays = {"{}.{}".format(b, i): np.asarray(a) for b, batch in enumerate(batches) for i, a in enumerate(batch)}
         np.savez(str(inputs), batches=np.array(len(batches)), arity=np.array(len(batches[0])), **arrays)
         board = self._board(bundle)
-        result = board.run_edgedyn(["-c", _EVALUATE, str(bundle), str(inputs), str(outputs)])
+        result = _run_in_view(board, ["-c", _EVALUATE, str(bundle), str(inputs), str(outputs)])
         if result.returncode != 0 or not outputs.is_file():
             raise EdgedynError("{} failed on the emulated {} (qemu -cpu {}), exit {}: {}".format(
                 label, board.name, board.qemu_cpu, result.returncode, _last_line(result.stderr)))
@@ -109,7 +112,20 @@ class Measurement:
 
         bundle = self._bundles[label]
         self.say("counting {} on the emulated {} (qemu -cpu {})".format(label, self.board.name, self.board.qemu_cpu))
-        return count_instructions(bundle, calls=COUNTED_CALLS, board=self._board(bundle))
+        return count_instructions(bundle, calls=COUNTED_CALLS, board=self._board(bundle), method="marks")
+
+
+def _run_in_view(board: Any, argv: List[str]) -> Any:
+    """The board's `python3 ARGV` under its CPU, in that CPU's view of the root filesystem, as counted runs are."""
+    from edgedyn.emulate.cpus import cpu_view
+    from edgedyn.emulate.instructions import COUNT_ENV
+    from edgedyn.emulate.rootfs import run_on_board
+
+    view = cpu_view(board.rootfs, board.qemu_cpu)
+    with tempfile.TemporaryDirectory(prefix="edgedyn-onboard-home-") as home:
+        env = dict(COUNT_ENV, HOME=home, EDGEDYN_CACHE=str(Path(home) / "cache"))
+        return run_on_board(view, argv, cpu=board.qemu_cpu, env=env, pythonpath=[board.site],
+                            cwd=board.site.parent, timeout=3600)
 
 
 def replay(outputs: List[List[np.ndarray]]) -> Callable[[Any], List[np.ndarray]]:

@@ -131,13 +131,21 @@ def _no_gpu_code(record: Dict[str, Any], shown: int = 10) -> None:
 
 def _selection(selection: Dict[str, Any]) -> str:
     mode = selection.get("mode")
+    chosen = selection.get("candidate") or selection.get("chosen")
+    rejected = "; rejected: " + ", ".join(sorted(selection["rejected"])) if selection.get("rejected") else ""
     if mode == "measured":
         medians = ", ".join("{} {:.3g} ms".format(k, v) for k, v in sorted(selection.get("medians_ms", {}).items(),
                                                                           key=lambda kv: kv[1]))
-        rejected = "; rejected: " + ", ".join(sorted(selection["rejected"])) if selection.get("rejected") else ""
-        return "{} (measured here: {}{})".format(selection.get("chosen"), medians, rejected)
+        return "{} (measured here: {}{})".format(chosen, medians, rejected)
+    if mode == "emulated":
+        counts = ", ".join("{} {:,}".format(k, v) for k, v in sorted(
+            selection.get("instructions_per_call", {}).items(), key=lambda kv: kv[1]))
+        return "{} (guest instructions per call on the emulated {}, -cpu {}: {}{})".format(
+            chosen, selection.get("board"), selection.get("cpu"), counts, rejected)
     if mode == "board preference":
-        return "{} (board preference {})".format(selection.get("chosen"), " > ".join(selection.get("order", [])))
+        return "{} (board preference {}{})".format(chosen, " > ".join(selection.get("order", [])),
+                                                    "; " + selection["not_measured"]
+                                                    if selection.get("not_measured") else "")
     return "{} (asked for)".format(selection.get("requested", selection.get("chosen", "")))
 
 

@@ -98,12 +98,14 @@ def image_for(suite: str, extras: Sequence[str]) -> BoardImage:
     return BoardImage(suite, extras=tuple(extras))
 
 
-def prepare(bundle: Path, say: Say = to_stderr, cache_dir: Optional[Path] = None) -> EmulatedBoard:
-    """The emulated board for `bundle`, built (rootfs, then this edgedyn's install) once and reused."""
+def prepare(bundle: Path, say: Say = to_stderr, cache_dir: Optional[Path] = None,
+            extras: Optional[Sequence[str]] = None) -> EmulatedBoard:
+    """The emulated board for `bundle`, built (rootfs, then this edgedyn's install) once and reused; with the
+    runtimes of the bundle's backends, or `extras` (auto's candidates share one board: edgedyn/onboard.py)."""
     manifest = read_manifest(bundle)
     name, cpu, suite = emulation_of(manifest)
     check_tools()
-    image = image_for(suite, board_extras(manifest))
+    image = image_for(suite, board_extras(manifest) if extras is None else tuple(sorted(extras)))
     boards = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     rootfs = boards / "{}-{}".format(image.suite, image.key())
     if not rootfs.is_dir():

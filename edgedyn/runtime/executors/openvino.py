@@ -19,6 +19,7 @@ from edgedyn.runtime.format import host_arch
 _HINT = "pip install 'edgedyn[openvino]'"
 # OpenVINO's names for the artifact's precision.
 INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+OPENVINO_PRECISION = {name: precision for precision, name in INFERENCE_PRECISION.items()}
 # The CPU plugin properties a board file may set ([openvino] table, recorded in the artifact), each with the values
 # it takes; anything else in a bundle is refused. Without a record: DEFAULT_PROPERTIES.
 PROPERTY_CHOICES = {
@@ -128,8 +129,13 @@ class OpenVinoExecutor:
         return [np.array(values[index]) for index in self._outputs]
 
     def precision(self) -> Tuple[str, Optional[str]]:
-        """(the precision this executor computes in, why it is not the artifact's or None)."""
-        return self._precision, self._why_not
+        """(the precision this executor computes in, as OpenVINO's compiled model reports it; why it is not the
+        artifact's, or None)."""
+        reported = OPENVINO_PRECISION.get(_type_name(self._compiled.get_property("INFERENCE_PRECISION_HINT")),
+                                          self._precision)
+        if reported != self._precision and self._why_not is None:
+            return reported, "OpenVINO computes {} in {} on this CPU".format(self._requested, reported)
+        return reported, self._why_not
 
     def describe(self) -> Dict[str, Any]:
         described = {"executor": "openvino", "device": "cpu", "openvino": self._version,

@@ -1,0 +1,90 @@
+"""`--backend auto` for another board (a Raspberry Pi 5 from this x86 host): every candidate, fp16 ones included, is
+run on the emulated board, judged against torch eager, counted there, and the one with the fewest guest
+instructions per call is kept (edgedyn/onboard.py)."""
+from pathlib import Path
+
+import pytest
+
+import edgedyn
+import edgedyn.runtime as rt
+from edgedyn.errors import EdgedynError
+
+from conftest import EXAMPLES, require
+
+
+@pytest.fixture(scope="module")
+def pi5_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edgedyn.onboard import unavailable
+    from edgedyn.boards import load_board
+
+    why = unavailable(load_board("raspberry-pi-5"))
+    require(why is None, "auto for another board measures on its emulated CPU: {}".format(why),
+            "bash scripts/install.sh (qemu-user, qemu-user-static, mmdebstrap, gcc)")
+    lines = []
+    path = edgedyn.export(str(EXAMPLES / "tiny_cnn.py:TinyCNN"), inputs=["x=1x3x64x64"], board="raspberry-pi-5",
+                          output=tmp_path_factory.mktemp("onboard") / "tiny-pi5.edgedyn", progress=lines.append)
+    path.with_suffix(".log").write_text("\n".join(lines))
+    return path
+
+
+def test_every_candidate_is_counted_on_the_emulated_board_and_the_fewest_instructions_win(pi5_bundle):
+    (spec,) = rt.read_manifest(pi5_bundle)["specializations"]
+    (artifact,) = spec["artifacts"]
+    selection = artifact["selection"]
+    counts = selection["instructions_per_call"]
+    assert selection["mode"] == "emulated" and selection["board"] == "raspberry-pi-5"
+    assert selection["cpu"] == "cortex-a76" and "not a time" in selection["label"]
+    # fp32 on every backend that installs on the board, and fp16 where a backend computes it on an A76
+    assert {"onnxruntime", "tflite", "openvino", "openvino:fp16"} <= set(counts), selection
+    assert selection["candidate"] == min(counts, key=counts.get)
+    assert all(isinstance(n, int) and n > 10000 for n in counts.values())
+    log = pi5_bundle.with_suffix(".log").read_text()
+    assert "counting openvino:fp16 on the emulated raspberry-pi-5 (qemu -cpu cortex-a76)" in log
+
+
+def test_the_fp16_candidate_really_computed_fp16_on_the_emulated_a76(pi5_bundle, tmp_path):
+    """The same model asked for fp16 alone: its gate was measured on the emulated board, where qemu executes the
+    A76's fp16 arithmetic exactly; the outputs it recorded there carry fp16's signature (far from fp32 rounding,
+    within the gate)."""
+    path = edgedyn.export(str(EXAMPLES / "tiny_cnn.py:TinyCNN"), inputs=["x=1x3x64x64"], board="raspberry-pi-5",
+                          backend="auto", precision="fp16", output=tmp_path / "fp16.edgedyn")
+    (spec,) = rt.read_manifest(path)["specializations"]
+    (artifact,) = spec["artifacts"]
+    assert artifact["precision"] == "fp16" and artifact["selection"]["precision"] == "fp16"
+    accuracy = artifact["accuracy"]
+    assert accuracy["measured_on"] == "the emulated board" and accuracy["samples"] == 9
+    cosine = min(o["cosine"] for o in accuracy["outputs"])
+    errors = [o["max_abs_error"] / o["reference_max_abs"] for o in accuracy["outputs"]]
+    assert 0.999 <= cosine < 1.0 - 1e-9 and max(errors) > 1e-4  # not fp32: fp16 keeps 11 bits of mantissa
+
+
+def test_a_gate_no_fp16_can_meet_drops_the_fp16_candidates_with_their_numbers(tmp_path):
+    from edgedyn.boards import load_board
+    from edgedyn.onboard import unavailable
+
+    require(unavailable(load_board("raspberry-pi-5")) is None, "needs the emulated board and the counting tools",
+            "bash scripts/install.sh")
+    with pytest.raises(EdgedynError) as raised:
+        edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], board="raspberry-pi-5", precision="fp16",
+                       max_accuracy_drop="cosine=0.99999999", output=tmp_path / "m.edgedyn")
+    assert raised.value.message.startswith("no candidate for x=1x64 meets the accuracy gate: ")
+    assert "openvino:fp16 in fp16 misses --max-accuracy-drop: output_0 cosine" in raised.value.message
+    assert not (tmp_path / "m.edgedyn").exists()
+
+
+def test_without_the_emulation_tools_the_preference_decides_and_says_why(monkeypatch, tmp_path):
+    import edgedyn.onboard as onboard
+
+    monkeypatch.setattr(onboard, "unavailable", lambda board: "missing qemu-aarch64")
+    path = edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], board="raspberry-pi-5",
+                          output=tmp_path / "m.edgedyn")
+    selection = rt.read_manifest(path)["specializations"][0]["artifacts"][0]["selection"]
+    assert selection["mode"] == "board preference" and selection["precision"] == "fp32"
+    assert selection["not_measured"] == ("the emulated raspberry-pi-5 could not measure the candidates here "
+                                         "(missing qemu-aarch64); the board file's preference decided")
+
+
+def test_the_chosen_bundle_verifies_on_the_emulated_board(pi5_bundle, run_cli):
+    result = run_cli("verify", str(pi5_bundle), "--emulate")
+    assert result.returncode == 0, result.stderr
+    assert "verified 1 output(s) of 1 specialization(s) on aarch64" in result.stderr
