@@ -147,7 +147,7 @@ def _check_precision_available(backend: str, board: Board, precision: str, quant
     from edgedyn.onboard import unavailable
 
     here = board.arch == host_arch()
-    on_board = not here and backend == AUTO and unavailable(board) is None
+    on_board = not here and unavailable(board) is None
     features = measuring_features(board, here, on_board)
     if precision in REDUCED and quantizing is None and not candidate_list(backend, board, None, precision, features):
         raise no_candidate(backend, board, precision, here)

@@ -103,6 +103,7 @@ BACKENDS = {
         name="tflite", lower="edgedyn.backends.tflite:lower", executor="litert", devices=("cpu",),
         quantizes=True, extra="export,litert", board_extra="litert", overhead_bytes=41 * MB,
         overhead_import="from ai_edge_litert.interpreter import Interpreter", general=False, threads_per_model=True,
+        precisions=(("fp16", ("aarch64",)),),
         summary="a .tflite file written without TensorFlow, run by LiteRT with XNNPACK"),
     "tvm": Backend(
         name="tvm", lower="edgedyn.backends.tvm:lower", executor="tvm", devices=("cpu", "cuda"),

@@ -52,17 +52,20 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
     step = progress or (lambda message: None)
     check_backend_name(backend)
     here = board.arch == host_arch()
-    on_board = not here and backend == AUTO and probe is not None and _emulation_missing(board) is None
-    listed = candidate_list(backend, board, quantization, precision, measuring_features(board, here, on_board),
+    # Another board's candidates are measured on its emulated CPU when this host can emulate it and there is a
+    # choice to make (auto), or a reduced precision to gate (its arithmetic happens only there).
+    emulated = not here and probe is not None and _emulation_missing(board) is None
+    listed = candidate_list(backend, board, quantization, precision, measuring_features(board, here, emulated),
                             accuracy is not None)
     if not listed:
         raise no_candidate(backend, board, precision, here)
+    on_board = emulated and (backend == AUTO or len(listed) > 1 or listed[0].precision in REDUCED)
     build = builder({"default": program}, board, target, spec, quantization)  # each pipeline's graph made once
-    if backend != AUTO and len(listed) == 1:
+    if backend != AUTO and len(listed) == 1 and not on_board:
         (only,) = listed
         step("building {} with {} for {}".format(spec.name, only.words, target.name))
         artifact = build(only)
-        if only.precision in REDUCED and artifact.arch in (None, host_arch()):
+        if only.precision in REDUCED and here:
             artifact.meta["accuracy"] = gated(artifact, only, spec, accuracy)
         return _with_selection(artifact, {"mode": "user", "requested": backend, "precision": only.precision})
     if here:

@@ -3,13 +3,19 @@
 The writer (writer.py) serializes tensors, buffers and operators; the lowering (lowering.py) walks the graph and
 keeps track of layouts (layout.py) so convolutions run NHWC; ops/ holds one converter module per kind of op.
 """
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from edgedyn.registry import general_backends
 from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import Target
 from edgedyn.runtime.program import FP32_TOLERANCE
 
+# Note: an fp16 artifact is the fp32 model marked with LiteRT's `reduced_precision_support` metadata: XNNPACK then
+# computes every operator in IEEE fp16 (fp16 accumulation, as TensorFlow's converter marks a model converted with
+# float16 accumulation) on CPUs with ARMv8.2 fp16 arithmetic, and in fp32 elsewhere (LiteRT's XNNPACK README,
+# "Floating-Point (IEEE FP16) Operators"). Weights stay fp32 in the file: XNNPACK converts them once at load.
+REDUCED_PRECISION_KEY = "reduced_precision_support"
+FP16_INFERENCE = b"fp16accfp16"
 # fp32 through XNNPACK: other summation orders and its own GELU/exp approximations; errors seen were below 1e-5
 # of the largest output magnitude, so FP32_TOLERANCE (1e-4) leaves room without hiding a wrong layout (those are
 # O(1)).
@@ -24,8 +30,12 @@ def lower(build: Build) -> Artifact:
 
     alternatives = general_backends()
     if quantization is None:
-        model, facts = lower_program(program, CONVERTERS, alternatives)
-        return _artifact(model, facts, target, dict(FP32_TOLERANCE))
+        fp16 = build.precision == "fp16"
+        model, facts = lower_program(program, CONVERTERS, alternatives,
+                                     metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None)
+        if fp16:
+            facts["reduced_precision_support"] = FP16_INFERENCE.decode()
+        return _artifact(model, facts, target, None if fp16 else dict(FP32_TOLERANCE))
     from edgedyn.quantize import weight_bytes
     from edgedyn.quantize.accuracy import INT8_TOLERANCE
     from edgedyn.backends.tflite.ops.int8 import INT8_CONVERTERS
@@ -44,7 +54,9 @@ def lower(build: Build) -> Artifact:
     return _artifact(model, facts, target, dict(INT8_TOLERANCE))
 
 
-def _artifact(model: bytes, facts: Dict[str, Any], target: Target, tolerance: Dict[str, float]) -> Artifact:
+def _artifact(model: bytes, facts: Dict[str, Any], target: Target, tolerance: Optional[Dict[str, float]]) -> Artifact:
+    if tolerance is not None:
+        facts = dict(facts, tolerance=tolerance)
     return Artifact(
         backend="tflite",
         executor="litert",
@@ -53,6 +65,6 @@ def _artifact(model: bytes, facts: Dict[str, Any], target: Target, tolerance: Di
         target=target.name,
         files={"model": model},
         file_names={"model": "model.tflite"},
-        meta=dict(facts, tolerance=tolerance, layout="NHWC inside, torch layout at inputs and outputs",
+        meta=dict(facts, layout="NHWC inside, torch layout at inputs and outputs",
                   requires={"python": ["ai-edge-litert"]}),
     )

@@ -157,7 +157,8 @@ QUANTIZED_CONVERTERS = ("convolution", "linear", "addmm", "mm")
 def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any, Converter],
                   alternatives: List[str], quantize: Optional[str] = None,
                   ranges: Optional[Dict[str, Tuple[float, float]]] = None,
-                  int8_converters: Optional[Dict[Any, Converter]] = None) -> Tuple[bytes, Dict[str, Any]]:
+                  int8_converters: Optional[Dict[Any, Converter]] = None,
+                  metadata: Optional[Dict[str, bytes]] = None) -> Tuple[bytes, Dict[str, Any]]:
     """The .tflite bytes for `program`, with its inputs and outputs in torch layout, and facts for the manifest."""
     graph = program.graph_module.graph
     parameters = _parameters(program)
@@ -180,7 +181,8 @@ def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any,
                 raise unsupported_error(node, str(error), [], alternatives)
         elif node.op == "output":
             outputs = [_output(ctx, values[item], inputs) for item in node.args[0]]
-    model = ctx.writer.finish(inputs, outputs, "edgedyn {}".format(program.graph_module.__class__.__name__))
+    model = ctx.writer.finish(inputs, outputs, "edgedyn {}".format(program.graph_module.__class__.__name__),
+                              metadata)
     ops = sorted({op.op for op in ctx.writer.operators})
     facts = {"tflite_ops": ops, "tflite_operators": len(ctx.writer.operators)}  # type: Dict[str, Any]
     if quantize:

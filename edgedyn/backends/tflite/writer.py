@@ -94,10 +94,16 @@ class ModelWriter:
         self.tensors.append(("{}_{}".format(name, len(self.tensors)), [int(d) for d in shape], dtype, buffer, quant))
         return len(self.tensors) - 1
 
-    def finish(self, inputs: Sequence[int], outputs: Sequence[int], description: str) -> bytes:
-        """The complete .tflite file."""
+    def finish(self, inputs: Sequence[int], outputs: Sequence[int], description: str,
+               metadata: Optional[Dict[str, bytes]] = None) -> bytes:
+        """The complete .tflite file; `metadata` names buffers the runtime reads (LiteRT's
+        `reduced_precision_support`)."""
         import flatbuffers
 
+        named = []  # type: List[Tuple[str, int]]
+        for name, data in sorted((metadata or {}).items()):
+            self.buffers.append(data)
+            named.append((name, len(self.buffers) - 1))
         builder = flatbuffers.Builder(1024 + sum(len(b) for b in self.buffers))
         codes = sorted({op.op for op in self.operators}, key=lambda op: builtin_code(op))
         code_index = {op: i for i, op in enumerate(codes)}
@@ -107,16 +113,20 @@ class ModelWriter:
         subgraph = _subgraph(builder, tensors, operators, inputs, outputs)
         opcodes = [_opcode(builder, op, self.versions.get(op, 1)) for op in codes]
         description_offset = builder.CreateString(description)
+        entries = [_metadata(builder, name, buffer) for name, buffer in named]
         Model = schema("Model")
         vectors = [(Model.ModelStartOperatorCodesVector, opcodes), (Model.ModelStartSubgraphsVector, [subgraph]),
                    (Model.ModelStartBuffersVector, buffers)]
         opcodes_vec, subgraphs_vec, buffers_vec = [_offsets(builder, start, items) for start, items in vectors]
+        metadata_vec = _offsets(builder, Model.ModelStartMetadataVector, entries) if entries else None
         Model.ModelStart(builder)
         Model.ModelAddVersion(builder, SCHEMA_VERSION)
         Model.ModelAddOperatorCodes(builder, opcodes_vec)
         Model.ModelAddSubgraphs(builder, subgraphs_vec)
         Model.ModelAddDescription(builder, description_offset)
         Model.ModelAddBuffers(builder, buffers_vec)
+        if metadata_vec is not None:
+            Model.ModelAddMetadata(builder, metadata_vec)
         builder.Finish(Model.ModelEnd(builder), file_identifier=b"TFL3")
         return bytes(builder.Output())
 
@@ -130,6 +140,15 @@ def _offsets(builder: Any, start: Any, items: Sequence[int]) -> int:
 
 def _ints(builder: Any, values: Sequence[int]) -> int:
     return builder.CreateNumpyVector(np.asarray(values, dtype=np.int32))
+
+
+def _metadata(builder: Any, name: str, buffer: int) -> int:
+    Metadata = schema("Metadata")
+    text = builder.CreateString(name)
+    Metadata.MetadataStart(builder)
+    Metadata.MetadataAddName(builder, text)
+    Metadata.MetadataAddBuffer(builder, buffer)
+    return Metadata.MetadataEnd(builder)
 
 
 def _buffer(builder: Any, data: bytes) -> int:

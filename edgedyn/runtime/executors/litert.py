@@ -5,11 +5,13 @@ import struct
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from edgedyn.runtime import precision as precisions
 from edgedyn.runtime import profiling, schema
+from edgedyn.runtime.format import host_arch
 from edgedyn.runtime.errors import BundleError, MissingDependencyError
 
 _HINT = "pip install 'edgedyn[litert]'"
@@ -77,6 +79,13 @@ class LiteRtExecutor:
             self._interpreter = _Interpreter(interpreter_class, self._model, self._threads)
         self._lock = threading.Lock()
         self.artifact = artifact
+        requested = artifact.get("precision", precisions.FP32)
+        if requested not in precisions.PRECISIONS:
+            raise BundleError("artifact precision {} is not one of {}".format(
+                schema.short(requested), ", ".join(precisions.PRECISIONS)), hint=schema.HINT)
+        # XNNPACK decides by itself from the model's reduced_precision_support metadata and the CPU (see
+        # backends/tflite): the same rule as runtime/precision.py's, which says what it will do here.
+        self._precision = precisions.effective(requested, host_arch())
 
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
         with self._lock:
@@ -116,9 +125,17 @@ class LiteRtExecutor:
         return {"source": "invoke() timed as a whole", "note": NO_OP_PROFILER, "graph_ops": counts, "ops": ops,
                 "wall_ms": walls, "samples_ms": samples, "unattributed": "the clock readings between the three parts"}
 
+    def precision(self) -> Tuple[str, Optional[str]]:
+        """(the precision XNNPACK computes in here, why it is not the artifact's or None)."""
+        return self._precision
+
     def describe(self) -> Dict[str, Any]:
-        return {"executor": "litert", "device": "cpu", "runtime": self._package, "threads": self._threads,
-                "version": _version(self._package), "calls": "serialized (one interpreter, locked)"}
+        described = {"executor": "litert", "device": "cpu", "runtime": self._package, "threads": self._threads,
+                     "version": _version(self._package), "calls": "serialized (one interpreter, locked)",
+                     "precision": self._precision[0]}
+        if self._precision[1]:
+            described["precision_note"] = self._precision[1]
+        return described
 
 
 def _check_tensor_bytes(model: bytes, declared: Optional[int], bundle: Any, member: str) -> None:
