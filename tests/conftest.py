@@ -38,6 +38,8 @@ MODULE_EXTRAS = {
     "onnx": "export",
     "onnxruntime": "onnxruntime",
     "openvino": "openvino",
+    "ncnn": "ncnn",
+    "pnnx": "ncnn-export",
     "tflite": "export",
     "ai_edge_litert": "litert",
     "nvidia.cuda_nvrtc": "cuda",

@@ -28,6 +28,7 @@ import numpy as np
 
 from edgedyn.backends.artifact import Artifact, Build, open_executor
 from edgedyn.errors import BackendError, MissingDependencyError
+from edgedyn.runtime.errors import BundleError
 from edgedyn.runtime.executors.ncnn_param import WEIGHTS, check_model
 from edgedyn.runtime.executors.ncnn import MAX_ITEM_RANK
 from edgedyn.runtime.precision import FP32
@@ -75,7 +76,12 @@ def lower(build: Build) -> Artifact:
     onnx_model, _ = export_onnx(build.program, list(build.tensor_inputs), output_names)
     param, weights = _convert(pnnx, onnx_model.SerializeToString(), [shape for shape, _ in inputs])
     param = _named(param, build, list(build.tensor_inputs), output_names)
-    layers = check_model(param, weights, "the ncnn model pnnx wrote")
+    try:
+        layers = check_model(param, weights, "the ncnn model pnnx wrote",
+                             {name: shape[1:] for name, (shape, _) in zip(build.tensor_inputs, inputs)})
+    except BundleError as error:  # a layer or a shape edgedyn's checker does not take: the runtime would refuse it
+        raise BackendError(error.message.replace(" is not a valid ncnn model: ", " fails edgedyn's checks: "),
+                           hint="try --backend onnxruntime or tflite, or report the layer named above")
     meta = {"input_names": list(build.tensor_inputs), "output_names": output_names, "precision": build.precision,
             "ncnn": {"converted_by": "pnnx {}".format(_pnnx_version()), "ncnn_at_export": ncnn.__version__,
                      "batch": batch, "input_shapes": [list(shape[1:]) for shape, _ in inputs],

@@ -97,11 +97,12 @@ class NcnnExecutor:
         files = artifact["files"]
         param, weights = bundle.read(files["model"]), bundle.read(files["weights"])
         label = "bundle {}: {}".format(getattr(bundle, "path", "?"), files["model"])
-        layers = check_model(param, weights, label)
         self._inputs, self._outputs = list(artifact["input_names"]), list(artifact["output_names"])
-        _check_names(layers, self._inputs, self._outputs)
         self._input_shapes = _shapes(artifact, "input_shapes", len(self._inputs))
         self._output_shapes = _shapes(artifact, "output_shapes", len(self._outputs))
+        layers = check_model(param, weights, label, dict(zip(self._inputs, self._input_shapes)),
+                             options_.get("declared_bytes"))
+        _check_names(layers, self._inputs, self._outputs)
         self._batch = schema.Checker("artifact", "ncnn").integer(artifact.get("ncnn", {}).get("batch"), "ncnn.batch",
                                                                  1, MAX_BATCH)
         unknown = sorted({layer.type for layer in layers if ncnn.layer_to_index(layer.type) < 0})

@@ -4,21 +4,25 @@ become allocations.
 ncnn trusts its files. `Net::load_param` sizes its layer and blob tables from the header and writes past them when
 the lines hold more; it allocates any array length a parameter states; a layer whose parameters divide by zero
 (an InnerProduct with no outputs, a pooling stride of 0) stops the process. `Net::load_model` reads each layer's
-weights from the .bin in an order and size the parameters alone decide, allocating before it reads. So the text is
-parsed here first, strictly (printable ASCII, the tokens ncnn's scanner reads whole, numbers only, no string
-parameters and no shape hints), against an allow-list of the float layers edgedyn's files use; each layer's weights
-are walked through the .bin with the same rules as ncnn (a 4-byte tag before tagged arrays: 0 for fp32, the fp16
-tag), so every array must lie inside the file and the file must end where the last one does.
-
-What this does not do is infer shapes: a consistent edit of a layer's channel count could still make ncnn read the
-wrong weights. Signed bundles (`verify --trusted-keys`) close that. Standard library only, Python 3.8 syntax.
+weights from the .bin in an order and size the parameters alone decide, allocating before it reads. And at run time
+no layer checks its parameters against its input: a kernel wider than the padded input, weights for other channels
+or an axis the blob lacks read and write outside their buffers (seen here: a tampered kernel size or pad crashed
+the process). So, before ncnn sees a byte:
+- the text is parsed strictly (printable ASCII, the tokens ncnn's scanner reads whole, numbers only, no string
+  parameters and no shape hints) against an allow-list of the float layers edgedyn's files use;
+- each layer's weights are walked through the .bin with ncnn's own rules (a 4-byte tag before tagged arrays: 0 for
+  fp32, the fp16 tag): every array inside the file, and the file ending where the last one does;
+- every blob's shape is inferred from the inputs' as ncnn computes it, each layer's parameters checked against the
+  shapes it receives (ncnn_shapes.py), and all blobs together bounded by what the manifest says a call takes.
+Standard library only, Python 3.8 syntax.
 """
 import re
 import struct
-from typing import Callable, Dict, List, NamedTuple, Sequence, Tuple, Union
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from edgedyn.runtime import schema
 from edgedyn.runtime.errors import BundleError
+from edgedyn.runtime.executors.ncnn_shapes import RULES, Shape, ShapeError, need, slice_
 
 MAGIC = 7767517
 MAX_PARAM_BYTES = 32 << 20
@@ -45,35 +49,14 @@ class Layer(NamedTuple):
     params: Params
 
 
-# Note: the layers an edgedyn ncnn file may hold (those pnnx writes for float models), each with how its weights lie
-# in the .bin: a function of its parameters giving (element count, tagged) per array, in ncnn's load_model order.
+# Note: the layers an edgedyn ncnn file may hold: those with a shape rule (ncnn_shapes.py), each with how its weights
+# lie in the .bin: a function of its parameters giving (element count, tagged) per array, in ncnn's load_model order.
 Weights = Callable[[Callable[[int, int], int]], List[Tuple[int, bool]]]
 
 
 def _conv(dynamic: int) -> Weights:
     """The convolution family: weights (tagged) unless they come from a second input, then the bias."""
     return lambda p: [] if p(dynamic, 0) else [(p(6, 0), True)] + ([(p(0, 0), False)] if p(5, 0) else [])
-
-
-def _affine(size: int, affine: int, arrays: int) -> Weights:
-    return lambda p: [(p(size, 0), False)] * arrays if p(affine, 1) else []
-
-
-def _gemm(p: Callable[[int, int], int]) -> List[Tuple[int, bool]]:
-    m, n, k = p(7, 0), p(8, 0), p(9, 0)
-    arrays = ([(m * k, True)] if p(4, 0) == 1 else []) + ([(n * k, True)] if p(5, 0) == 1 else [])
-    broadcast = p(10, 0)
-    if p(6, 0) == 1 and broadcast != -1:
-        arrays.append(({0: 1, 1: m, 2: m, 3: n * m, 4: n}.get(broadcast, 0), True))
-    return arrays
-
-
-def _attention(p: Callable[[int, int], int]) -> List[Tuple[int, bool]]:
-    embed = p(0, 0)
-    query = p(2, 0) // embed if embed > 0 else 0
-    key, value = p(3, embed), p(4, embed)
-    return [(embed * query, True), (embed, False), (embed * key, True), (embed, False), (embed * value, True),
-            (embed, False), (query * embed, True), (query, False)]
 
 
 def _memory(p: Callable[[int, int], int]) -> List[Tuple[int, bool]]:
@@ -85,79 +68,46 @@ def _memory(p: Callable[[int, int], int]) -> List[Tuple[int, bool]]:
     return [(count, p(21, 1) == 0)] if dims else []
 
 
-def _recurrent(gates: int) -> Weights:
-    def arrays(p: Callable[[int, int], int]) -> List[Tuple[int, bool]]:
-        output, directions = p(0, 0), 2 if p(2, 0) == 2 else 1
-        hidden = p(3, output) if gates == 4 else output
-        size = p(1, 0) // max(directions * hidden * gates, 1)
-        shapes = [size * hidden * gates, hidden * gates if gates != 1 else output, output * hidden * gates]
-        if gates == 3:
-            shapes[1] = output * 4  # GRU keeps four bias rows
-        if gates == 4 and output != hidden:
-            shapes.append(hidden * output)
-        return [(s * directions, True) for s in shapes]
-    return arrays
-
-
-NO_WEIGHTS = ("AbsVal", "BinaryOp", "BNLL", "CELU", "Clip", "Concat", "CopyTo", "Crop", "CumulativeSum", "Diag",
-              "Dropout", "ELU", "Eltwise", "Erf", "Exp", "ExpandDims", "Flatten", "Flip", "Fold", "GELU", "GLU",
-              "GridSample", "HardSigmoid", "HardSwish", "Input", "Interp", "Log", "LogSigmoid", "LogSoftmax", "LRN",
-              "MatMul", "Mish", "Noop", "Permute", "PixelShuffle", "Pooling", "Pooling1D", "Pooling3D", "Power",
-              "Reduction", "ReLU", "Reorg", "Reshape", "SDPA", "SELU", "Shrink", "ShuffleChannel", "Sigmoid",
-              "Slice", "Softmax", "Softplus", "Split", "Squeeze", "Sum", "Swish", "TanH", "Tile", "UnaryOp",
-              "Unfold")
-WEIGHTS = dict({name: (lambda p: []) for name in NO_WEIGHTS}, **{
-    "BatchNorm": lambda p: [(p(0, 0), False)] * 4,
-    "Bias": lambda p: [(p(0, 0), False)],
-    "Convolution": _conv(19), "Convolution1D": _conv(19), "Convolution3D": _conv(99),
-    "ConvolutionDepthWise": _conv(19), "ConvolutionDepthWise1D": _conv(19), "ConvolutionDepthWise3D": _conv(99),
-    "Deconvolution": _conv(28), "Deconvolution1D": _conv(28), "Deconvolution3D": _conv(99),
-    "DeconvolutionDepthWise": _conv(28), "DeconvolutionDepthWise1D": _conv(28), "DeconvolutionDepthWise3D": _conv(99),
-    "DeformableConv2D": _conv(99),
-    "Embed": lambda p: [(p(3, 0), True)] + ([(p(0, 0), False)] if p(2, 0) else []),
-    "Gemm": _gemm,
-    "GroupNorm": _affine(1, 3, 2),
+WALKED = ("Input", "Split", "Slice")  # shaped by the walk in check_shapes itself
+WEIGHTS = dict({name: (lambda p: []) for name in tuple(RULES) + WALKED}, **{
+    "Convolution": _conv(19), "Convolution1D": _conv(19), "ConvolutionDepthWise": _conv(19),
+    "ConvolutionDepthWise1D": _conv(19), "Deconvolution": _conv(28), "DeconvolutionDepthWise": _conv(28),
     "InnerProduct": lambda p: [(p(2, 0), True)] + ([(p(0, 0), False)] if p(1, 0) else []),
-    "InstanceNorm": _affine(0, 2, 2),
-    "LayerNorm": _affine(0, 2, 2),
-    "RMSNorm": _affine(0, 2, 1),
+    "LayerNorm": lambda p: [(p(0, 0), False)] * 2 if p(2, 1) else [],
     "MemoryData": _memory,
-    "MultiHeadAttention": _attention,
-    "Normalize": lambda p: [(p(3, 0), False)],
     "Padding": lambda p: [(p(6, 0), False)] if p(6, 0) else [],
-    "PReLU": lambda p: [(p(0, 0), False)],
-    "Scale": lambda p: [] if p(0, 0) == -233 else [(p(0, 0), False)] * (2 if p(1, 0) else 1),
-    "RNN": _recurrent(1), "LSTM": _recurrent(4), "GRU": _recurrent(3),
 })  # type: Dict[str, Weights]
 
 # Parameters ncnn divides by, or sizes loops with, that must be at least 1 when given: (id, default) per layer.
-# Convolutions: outputs, kernel, dilation and stride (w, h; d in the 3-D ones), and the group of the depthwise ones.
 _CONV = ((0, 0), (1, 0), (2, 1), (3, 1), (11, 1), (12, 1), (13, 1))
-_CONV3D = _CONV + ((21, 1), (22, 1), (23, 1))
-_POOL = ((2, 1), (12, 1), (22, 1))
-CONVOLUTIONS = tuple(name for name in WEIGHTS if "onvolution" in name or name == "DeformableConv2D")
-POSITIVE = dict({name: (_CONV3D if name.endswith("3D") else _CONV) + (((7, 1),) if "DepthWise" in name else ())
-                 for name in CONVOLUTIONS}, **{
-    "Pooling": _POOL, "Pooling1D": _POOL, "Pooling3D": _POOL, "InnerProduct": ((0, 0),), "Embed": ((0, 0), (1, 0)),
-    "GroupNorm": ((0, 1),), "MultiHeadAttention": ((0, 0), (1, 1)), "PixelShuffle": ((0, 1),), "Reorg": ((0, 1),),
-    "ShuffleChannel": ((0, 1),), "Fold": ((1, 0), (2, 1), (3, 1), (11, 1), (12, 1), (13, 1)),
-    "Unfold": ((1, 0), (2, 1), (3, 1), (11, 1), (12, 1), (13, 1)), "RNN": ((0, 0),), "LSTM": ((0, 0), (3, 1)),
-    "GRU": ((0, 0),),
+CONVOLUTIONS = tuple(name for name in WEIGHTS if "onvolution" in name)
+POSITIVE = dict({name: _CONV + (((7, 1),) if "DepthWise" in name else ()) for name in CONVOLUTIONS}, **{
+    "Pooling": ((2, 1), (12, 1)), "InnerProduct": ((0, 0),), "PixelShuffle": ((0, 1),),
 })  # type: Dict[str, Tuple[Tuple[int, int], ...]]
-# Parameters that make a layer integer-valued (int8 scales, block-quantized weights): edgedyn's files are float.
-INT8_PARAMS = {"Convolution": 8, "ConvolutionDepthWise": 8, "InnerProduct": 8, "Embed": 18, "Gemm": 18,
-               "MultiHeadAttention": 18, "SDPA": 18, "RNN": 8, "LSTM": 8, "GRU": 8}
+# Parameters that make a layer integer-valued (int8 scales): edgedyn's files are float.
+INT8_PARAMS = {"Convolution": 8, "ConvolutionDepthWise": 8, "InnerProduct": 8}
+# The parameter holding a layer's weight count, which the .bin bounds (MAX_INT does not apply to it).
+WEIGHT_SIZE = dict({name: 6 for name in CONVOLUTIONS}, InnerProduct=2)
+# What a layer's parameters and shapes may make: the manifest's estimate of one call's tensors (every intermediate,
+# unplanned, in bytes) with room; without one, a fixed bound.
+SHAPE_SLACK = 4
+UNDECLARED_LIMIT = 1 << 30
 
 _NAME = re.compile(r"[A-Za-z0-9_.:/\-]+\Z")
 _INT = re.compile(r"-?\d+\Z")
 _FLOAT = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\Z")
 
 
-def check_model(param: bytes, weights: bytes, label: str) -> List[Layer]:
-    """The layers of an ncnn model whose text and weights pass the checks in the module docstring; BundleError
-    naming `label` (the bundle and member) otherwise."""
+def check_model(param: bytes, weights: bytes, label: str, inputs: Dict[str, Shape],
+                declared: Optional[int] = None) -> List[Layer]:
+    """The layers of an ncnn model whose text, weights and shapes (from `inputs`, each blob name's per-item shape)
+    pass the checks in the module docstring; BundleError naming `label` (the bundle and member) otherwise.
+    `declared`: the bytes the manifest says one call's tensors take (bounds what the layers may make)."""
     layers = parse_param(param, label)
     check_weights(layers, weights, label)
+    limit = SHAPE_SLACK * (declared + len(weights)) + (16 << 20) if declared is not None else max(
+        UNDECLARED_LIMIT, SHAPE_SLACK * len(weights))
+    check_shapes(layers, inputs, limit, label)
     return layers
 
 
@@ -211,7 +161,8 @@ def _layer(tokens: List[str], index: int, label: str) -> Layer:
     if not (0 <= bottoms <= MAX_LINKS and 0 <= tops <= MAX_LINKS) or len(tokens) < 4 + bottoms + tops:
         raise _bad(label, "{}: {} inputs and {} outputs (at most {} each, all named)".format(
             where, bottoms, tops, MAX_LINKS))
-    if kind == "Input" and (bottoms, tops) != (0, 1) or kind != "Input" and (bottoms == 0 or tops == 0):
+    sources = kind in ("Input", "MemoryData")
+    if sources and (bottoms, tops) != (0, 1) or not sources and (bottoms == 0 or tops == 0):
         raise _bad(label, "{}: {} inputs and {} outputs".format(where, bottoms, tops))
     params = _params(tokens[4 + bottoms + tops:], label, where)
     layer = Layer(kind, name, tuple(tokens[4:4 + bottoms]), tuple(tokens[4 + bottoms:4 + bottoms + tops]), params)
@@ -253,7 +204,7 @@ def _number(text: str, label: str, where: str) -> Union[int, float]:
 
 
 def _check_values(layer: Layer, label: str, where: str) -> None:
-    weighted = {_WEIGHT_SIZE.get(layer.type, -1)}
+    weighted = {WEIGHT_SIZE.get(layer.type, -1)}
     for key, value in layer.params.items():
         items = value if isinstance(value, tuple) else (value,)
         if key not in weighted and any(isinstance(v, int) and abs(v) > MAX_INT for v in items):
@@ -265,11 +216,6 @@ def _check_values(layer: Layer, label: str, where: str) -> None:
             raise _bad(label, "{}: parameter {} must be at least 1, got {}".format(where, key, layer.params[key]))
     if layer.type in INT8_PARAMS and get(INT8_PARAMS[layer.type], 0) != 0:
         raise _bad(label, "{}: an int8 layer; edgedyn's ncnn files are float".format(where))
-
-
-# The parameter holding a layer's weight count, which the .bin bounds (MAX_INT does not apply to it).
-_WEIGHT_SIZE = dict({name: 6 for name in CONVOLUTIONS},
-                    InnerProduct=2, Embed=3, MultiHeadAttention=2, RNN=1, LSTM=1, GRU=1)
 
 
 def _getter(params: Params) -> Callable[[int, int], int]:
@@ -305,6 +251,48 @@ def check_weights(layers: List[Layer], weights: bytes, label: str) -> int:
     if offset != len(weights):
         raise _bad(label, "the layers read {} bytes of weights, the .bin holds {}".format(offset, len(weights)))
     return offset
+
+
+def check_shapes(layers: List[Layer], inputs: Dict[str, Shape], limit: int, label: str) -> Dict[str, Shape]:
+    """Every blob's shape, each layer's parameters checked against the shapes it receives (ncnn_shapes.py); the
+    bytes of all blobs together at most `limit`."""
+    shapes = {}  # type: Dict[str, Shape]
+    total = 0
+    for index, layer in enumerate(layers):
+        where = "layer {} ({} {})".format(index, layer.type, layer.name)
+        received = [shapes[name] for name in layer.bottoms]
+        try:
+            made = _made(layer, received, inputs)
+            need(len(made) == len(layer.tops), "{} outputs for {} tops".format(len(made), len(layer.tops)))
+        except ShapeError as error:
+            raise _bad(label, "{}: {} (inputs {})".format(where, error, [list(s) for s in received]))
+        except ValueError:  # a rule unpacking more or fewer inputs than the layer has
+            raise _bad(label, "{}: {} inputs, which this layer does not take".format(where, len(received)))
+        for top, shape in zip(layer.tops, made):
+            size = 4
+            for dim in shape:
+                size *= dim
+            if not 1 <= len(shape) <= 4 or min(shape) < 1:
+                raise _bad(label, "{}: makes a blob of shape {}".format(where, list(shape)))
+            shapes[top] = shape
+            total += size
+        if total > limit:
+            raise _bad(label, "{}: its blobs take {} bytes by now, above the {} the manifest allows".format(
+                where, total, limit))
+    return shapes
+
+
+def _made(layer: Layer, received: List[Shape], inputs: Dict[str, Shape]) -> List[Shape]:
+    get = _getter(layer.params)
+    if layer.type == "Input":
+        need(layer.tops[0] in inputs, "an input the manifest does not name")
+        return [inputs[layer.tops[0]]]
+    if layer.type == "Split":
+        (shape,) = received
+        return [shape] * len(layer.tops)
+    if layer.type == "Slice":
+        return slice_(received, get, layer.params, len(layer.tops))
+    return RULES[layer.type](received, get, layer.params)
 
 
 def _bad(label: str, what: str) -> BundleError:
