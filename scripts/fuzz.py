@@ -164,6 +164,8 @@ def tamper_member(name: str, data: bytes, rng: random.Random) -> Tuple[bytes, st
         return tamper_xml(data, rng)
     if name.endswith(".param") and rng.random() < 0.8:
         return tamper_param(data, rng)
+    if not data:  # an ncnn model without weights has an empty .bin
+        return b"\0" * 4, "bytes added to an empty member"
     action = rng.choice(["flip", "flip", "truncate", "int"])
     if action == "truncate":
         return data[:rng.randrange(len(data))], "truncate"

@@ -204,6 +204,25 @@ def _expanded(shape: Shape, other: Shape, rank: int) -> Shape:
     return shape + (1,) * (rank - len(shape))
 
 
+def matmul(shapes: List[Shape], p: Get, params: Dict[int, object]) -> List[Shape]:
+    """numpy's matmul, B given transposed under transB; batch axes aligned on the right, each equal or 1."""
+    a, b = shapes
+    need(p(0, 0) in (0, 1), "transB {}".format(p(0, 0)))
+    if len(b) >= 2 and p(0, 0):
+        b = b[:-2] + (b[-1], b[-2])
+    inner = (a[-1], b[0] if len(b) == 1 else b[-2])
+    need(inner[0] == inner[1], "inner sizes {} and {}".format(*inner))
+    if len(a) == 1:
+        return [(1,)] if len(b) == 1 else [b[:-2] + b[-1:]]
+    if len(b) == 1:
+        return [a[:-1]]
+    rank = max(len(a), len(b))
+    batch_a, batch_b = (1,) * (rank - len(a)) + a[:-2], (1,) * (rank - len(b)) + b[:-2]
+    need(all(x == y or x == 1 or y == 1 for x, y in zip(batch_a, batch_b)), "batch axes {} and {}".format(
+        list(batch_a), list(batch_b)))
+    return [tuple(max(x, y) for x, y in zip(batch_a, batch_b)) + (a[-2], b[-1])]
+
+
 def eltwise(shapes: List[Shape], p: Get, params: Dict[int, object]) -> List[Shape]:
     need(p(0, 0) in (0, 1, 2) and len(set(shapes)) == 1, "operation {} on shapes {}".format(p(0, 0), shapes))
     coefficients = params.get(1)
@@ -373,7 +392,7 @@ RULES = dict({name: _same for name in ELEMENTWISE}, **{
     "ConvolutionDepthWise": convolution(True, 2), "ConvolutionDepthWise1D": convolution(True, 1),
     "Deconvolution": deconvolution(False), "DeconvolutionDepthWise": deconvolution(True), "Eltwise": eltwise,
     "Flatten": flatten, "InnerProduct": inner_product, "Interp": interp, "LayerNorm": layer_norm,
-    "MemoryData": memory_data, "Padding": padding, "Permute": permute, "PixelShuffle": pixel_shuffle,
+    "MatMul": matmul, "MemoryData": memory_data, "Padding": padding, "Permute": permute, "PixelShuffle": pixel_shuffle,
     "Pooling": pooling, "Reduction": reduction, "Reshape": reshape, "Softmax": softmax, "UnaryOp": unary,
 })  # type: Dict[str, Callable[..., List[Shape]]]
 # Input, Split and Slice are handled by the walk itself (their outputs are named by the inputs or the tops).
