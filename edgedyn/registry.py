@@ -83,7 +83,7 @@ class Backend:
 BACKENDS = {
     "ncnn": Backend(
         name="ncnn", lower="edgedyn.backends.ncnn:lower", executor="ncnn", devices=("cpu",), quantizes=False,
-        extra="export,ncnn-export", board_extra="ncnn", overhead_bytes=None, overhead_import="import ncnn; ncnn.Net()",
+        extra="export,ncnn-export", board_extra="ncnn", overhead_bytes=36 * MB, overhead_import="import ncnn; ncnn.Net()",
         general=False, pipeline="onnxruntime",
         no_int8_reason="edgedyn's ncnn backend has no int8 path yet (ncnn's int8 needs its own calibration table)",
         threads_per_model=True, precisions=(("fp16", ("aarch64",)),),

@@ -102,8 +102,12 @@ def _write_model(tmp_path, source: str) -> str:
     ("class Model(torch.nn.Module):\n    def forward(self, x):\n        return x.sum(0, keepdim=True) * 2\n",
      ["x=4x8"], "ncnn has no batch axis, so each item of the first axis runs on its own, and its inputs and outputs "
                 "disagree on that axis (input 'x' 4, output 0 1)"),
-    ("class Model(torch.nn.Module):\n    def forward(self, x):\n        return torch.cumsum(x, 0) + 1\n",
-     ["x=4x8"], "the ncnn model pnnx converted disagrees with torch eager on output 0 for random inputs"),
+    ("class Model(torch.nn.Module):\n    def forward(self, x):\n        return torch.softmax(x, 0)\n",
+     ["x=4x8"], "the ncnn model pnnx converted disagrees with torch eager on output 0 for random inputs: max relative "
+                "error"),
+    ("class Model(torch.nn.Module):\n    def forward(self, x):\n        return x @ x.t()\n",
+     ["x=4x8"], "the ncnn model pnnx converted fails on random inputs: ncnn computed output output_0 as 1 values of "
+                "shape (1,) (status 0); the model declares (4,)"),
     ("class Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n",
      ["x=1x2x3x4x5x6"], "the ncnn backend cannot express input 'x' of shape [1, 2, 3, 4, 5, 6]: ncnn has no batch "
                         "axis and holds each item of the first axis as a blob of 1 to 4 dimensions"),
@@ -179,3 +183,12 @@ def test_board_options_reach_the_artifact_and_bad_ones_are_refused():
     with pytest.raises(EdgedynError) as raised:
         dataclasses.replace(load_board("raspberry-pi-5"), ncnn_options={"use_fp16_arithmetic": True})
     assert "ncnn" in raised.value.message and "use_fp16_arithmetic" in raised.value.message
+
+
+def test_an_older_ncnn_than_the_exports_is_noted():
+    from edgedyn.runtime.executors.ncnn import _older_note
+
+    assert _older_note("1.0.20261020", "1.0.20261020") is None and _older_note("1.0.20261020", None) is None
+    assert _older_note("1.0.20260526", "1.0.20261020") == (
+        "ncnn 1.0.20260526 here is older than the 1.0.20261020 this model was checked with at export: run `edgedyn "
+        "verify` on this board, or pip install -U ncnn")

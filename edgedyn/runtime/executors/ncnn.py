@@ -115,6 +115,7 @@ class NcnnExecutor:
                               hint=schema.HINT)
         self._requested = requested
         self._precision, self._why_not = _effective(ncnn, requested)
+        self._version_note = _older_note(ncnn.__version__, artifact.get("ncnn", {}).get("ncnn_at_export"))
         self._net = ncnn.Net()
         opt = self._net.opt
         for key, value in options(artifact).items():
@@ -169,7 +170,21 @@ class NcnnExecutor:
             described["cpu_fp16"] = bool(self._ncnn.cpu_support_arm_asimdhp())  # what ncnn itself sees
         if self._why_not:
             described["precision_note"] = self._why_not
+        if self._version_note:
+            described["version_note"] = self._version_note
         return described
+
+
+def _older_note(here: str, checked: Any) -> Optional[str]:
+    """A note when this ncnn is older than the one the export checked the model with: older releases compute some
+    graphs wrong (1.0.20250503 and 1.0.20260526 gave NaN for DeepLabV3-MobileNetV3's upsampling from 1x1)."""
+    def version(text: str) -> Tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+    if not isinstance(checked, str) or len(checked) > 40 or version(here) >= version(checked):
+        return None
+    return "ncnn {} here is older than the {} this model was checked with at export: run `edgedyn verify` on this " \
+           "board, or pip install -U ncnn".format(here, schema.short(checked))
 
 
 def _effective(ncnn: Any, requested: str) -> Tuple[str, Optional[str]]:
