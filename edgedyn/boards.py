@@ -203,6 +203,9 @@ class Board:
     # each openvino artifact; the runtime's PROPERTY_CHOICES says which and what values.
     openvino_properties: Optional[Mapping[str, Any]] = key("", "openvino", default=None, omit_none=True,
                                                            free_table=True)
+    # ncnn options for this board ([ncnn] table: lightmode, use_winograd_convolution, ...), recorded in each ncnn
+    # artifact; the runtime's OPTION_CHOICES says which and what values.
+    ncnn_options: Optional[Mapping[str, Any]] = key("", "ncnn", default=None, omit_none=True, free_table=True)
     path: Path
 
     def __post_init__(self) -> None:
@@ -215,6 +218,8 @@ class Board:
             fail(where, "targets.gpu_target", "no gpu_target on a board without [gpu] and os.cuda", self.gpu_target)
         if self.openvino_properties is not None:
             _check_openvino(where, self.openvino_properties)
+        if self.ncnn_options is not None:
+            _check_ncnn(where, self.ncnn_options)
         if (self.qemu_cpu is None) != (self.debian_suite is None):
             fail(where, "emulation", "both qemu_cpu and debian_suite, or no [emulation] table",
                  "qemu_cpu={!r}, debian_suite={!r}".format(self.qemu_cpu, self.debian_suite))
@@ -253,6 +258,17 @@ def _check_openvino(where: str, table: Any) -> None:
     except BundleError:
         fail(where, "openvino", "CPU plugin properties drawn from {}".format(", ".join(sorted(PROPERTY_CHOICES))),
              plain(table))
+
+
+def _check_ncnn(where: str, table: Any) -> None:
+    """The [ncnn] table holds only options the runtime accepts (runtime/executors/ncnn.py)."""
+    from edgedyn.runtime.errors import BundleError
+    from edgedyn.runtime.executors.ncnn import OPTION_CHOICES, options
+
+    try:
+        options({"ncnn": {"options": plain(table)}})
+    except BundleError:
+        fail(where, "ncnn", "options drawn from {}".format(", ".join(sorted(OPTION_CHOICES))), plain(table))
 
 
 # --- reading files ---

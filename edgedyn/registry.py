@@ -81,6 +81,13 @@ class Backend:
 # Note: the one list of backends. Measured overheads: x86_64, Python 3.11, numpy 2.4, 2026-11, torch blocked in
 # the measuring process as on a board (the tvm package imports torch when it can, ~200 MB no board pays).
 BACKENDS = {
+    "ncnn": Backend(
+        name="ncnn", lower="edgedyn.backends.ncnn:lower", executor="ncnn", devices=("cpu",), quantizes=False,
+        extra="export,ncnn-export", board_extra="ncnn", overhead_bytes=36 * MB, overhead_import="import ncnn; ncnn.Net()",
+        general=False, pipeline="onnxruntime",
+        no_int8_reason="edgedyn's ncnn backend has no int8 path yet (ncnn's int8 needs its own calibration table)",
+        threads_per_model=True, precisions=(("fp16", ("aarch64",)),),
+        summary="an ncnn model converted by pnnx, run by ncnn on the CPU, in fp32 or fp16 (Arm v8.2 cores)"),
     "onnxruntime": Backend(
         name="onnxruntime", lower="edgedyn.backends.onnxruntime:lower", executor="onnxruntime", devices=("cpu",),
         quantizes=True, extra="export,onnxruntime", board_extra="onnxruntime", overhead_bytes=52 * MB,

@@ -162,6 +162,10 @@ def tamper_member(name: str, data: bytes, rng: random.Random) -> Tuple[bytes, st
         return tamper_npz(data, rng)
     if name.endswith(".xml") and rng.random() < 0.7:
         return tamper_xml(data, rng)
+    if name.endswith(".param") and rng.random() < 0.8:
+        return tamper_param(data, rng)
+    if not data:  # an ncnn model without weights has an empty .bin
+        return b"\0" * 4, "bytes added to an empty member"
     action = rng.choice(["flip", "flip", "truncate", "int"])
     if action == "truncate":
         return data[:rng.randrange(len(data))], "truncate"
@@ -192,6 +196,50 @@ def tamper_xml(data: bytes, rng: random.Random) -> Tuple[bytes, str]:
         return flip(data, rng), "flip"
     match = rng.choice(numbers)
     value = rng.choice(EVIL_NUMBERS)
+    return data[:match.start()] + value + data[match.end():], "number {} -> {}".format(
+        match.group().decode(), value.decode() or "empty")
+
+
+EVIL_PARAM_NUMBERS = [b"0", b"-1", b"2147483647", b"4294967296", b"99999999999999", b"-233", b"1e38", b"nan",
+                      b"x", b""]
+
+
+def tamper_param(data: bytes, rng: random.Random) -> Tuple[bytes, str]:
+    """An ncnn .param with one number (a count, a size, a parameter) set to an evil value, a layer line dropped or
+    repeated, a layer's type swapped, an array's stated length or a name made wrong, a string parameter, shape hints
+    or a byte outside ASCII added: what a checker of the text must refuse before ncnn sizes anything from it."""
+    import re
+
+    lines = data.split(b"\n")
+    layer = rng.randrange(2, max(3, len([line for line in lines if line.strip()])))
+    action = rng.choice(["number", "number", "number", "line", "type", "array", "name", "extra"])
+    if action == "line" and layer < len(lines):
+        copy = rng.random() < 0.5
+        lines[layer:layer + 1] = [lines[layer]] * 2 if copy else []
+        return b"\n".join(lines), "{} layer line {}".format("repeat" if copy else "drop", layer)
+    if action == "type" and layer < len(lines) and lines[layer].strip():
+        kind = rng.choice([b"InnerProduct", b"Convolution", b"MemoryData", b"Gemm", b"Python", b"LSTM"])
+        old = lines[layer].split()[0]
+        lines[layer] = kind + lines[layer][lines[layer].index(old) + len(old):]
+        return b"\n".join(lines), "layer {} type {} -> {}".format(layer, old.decode(), kind.decode())
+    if action == "array":
+        arrays = list(re.finditer(rb"-233\d\d=(\d+)", data))
+        if arrays:
+            match = rng.choice(arrays)
+            value = rng.choice([b"999999999", b"0", b"-5", b"100"])
+            return data[:match.start(1)] + value + data[match.end(1):], "array length -> " + value.decode()
+    if action == "name" and layer < len(lines) and lines[layer].strip():
+        tokens = lines[layer].split()
+        tokens[1 if rng.random() < 0.5 else -1 if len(tokens) > 4 else 1] = rng.choice([b"n" * 300, b"undefined"])
+        lines[layer] = b" ".join(tokens)
+        return b"\n".join(lines), "layer {} name or blob".format(layer)
+    if action == "extra" and layer < len(lines) and lines[layer].strip():
+        extra = rng.choice([b' 9="abc"', b" 30=4,1,1,1", b" -23330=4,99", b" 31=1", b" 40=1", b"\xff"])
+        lines[layer] = lines[layer] + extra
+        return b"\n".join(lines), "layer {} gets {!r}".format(layer, extra.decode("latin1"))
+    numbers = list(re.finditer(rb"(?<=[ =,])-?\d+(?=[ ,\n])", data)) + list(re.finditer(rb"^\d+", data, re.M))
+    match = rng.choice(numbers)
+    value = rng.choice(EVIL_PARAM_NUMBERS)
     return data[:match.start()] + value + data[match.end():], "number {} -> {}".format(
         match.group().decode(), value.decode() or "empty")
 

@@ -38,6 +38,8 @@ MODULE_EXTRAS = {
     "onnx": "export",
     "onnxruntime": "onnxruntime",
     "openvino": "openvino",
+    "ncnn": "ncnn",
+    "pnnx": "ncnn-export",
     "tflite": "export",
     "ai_edge_litert": "litert",
     "nvidia.cuda_nvrtc": "cuda",
@@ -162,6 +164,26 @@ def assert_matches_torch(program: Any, name: str, seed: int = 1000, calls: int =
         scale = float(expected.abs().max())
         np.testing.assert_allclose(actual, expected.numpy(), rtol=RTOL, atol=RTOL * scale,
                                    err_msg="{} specialization {}".format(name, spec.name))
+
+
+def with_precision(bundle: Path, precision: str, output: Path) -> Path:
+    """A copy of `bundle` whose artifacts record `precision` (and no fp32 tolerance): for backends whose files are
+    the same in every precision (ncnn's), the artifact `auto` would build for a board whose gate runs there."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(str(bundle)) as source, zipfile.ZipFile(str(output), "w") as target:
+        for info in source.infolist():
+            data = source.read(info.filename)
+            if info.filename == "manifest.json":
+                manifest = json.loads(data)
+                for spec in manifest["specializations"]:
+                    for artifact in spec["artifacts"]:
+                        artifact["precision"] = precision
+                        artifact.pop("tolerance", None)
+                data = json.dumps(manifest).encode()
+            target.writestr(info, data)
+    return output
 
 
 @pytest.fixture

@@ -232,7 +232,7 @@ def _check_artifact(c: Checker, artifact: Any, where: str, members: Dict[str, An
         if key in artifact:
             for index, item in enumerate(c.items(artifact[key], "{}.{}".format(where, key))):
                 c.text(item, "{}.{}[{}]".format(where, key, index))
-    for key in ("gpu", "requires", "accuracy", "openvino"):
+    for key in ("gpu", "requires", "accuracy", "openvino", "ncnn"):
         if key in artifact:
             c.obj(artifact[key], "{}.{}".format(where, key))
     if "precision" in artifact:  # what the artifact computes in (runtime/precision.py)

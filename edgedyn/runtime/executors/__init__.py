@@ -14,6 +14,7 @@ from edgedyn.runtime.errors import BundleError
 # Note: module paths as strings, so that `import edgedyn.runtime` loads no backend runtime.
 EXECUTORS = {
     "litert": "edgedyn.runtime.executors.litert:LiteRtExecutor",
+    "ncnn": "edgedyn.runtime.executors.ncnn:NcnnExecutor",
     "onnxruntime": "edgedyn.runtime.executors.onnxruntime:OnnxRuntimeExecutor",
     "openvino": "edgedyn.runtime.executors.openvino:OpenVinoExecutor",
     "portable": "edgedyn.runtime.executors.portable:PortableExecutor",

@@ -1,0 +1,194 @@
+"""The ncnn backend end to end: fp32 equal to torch eager, what ncnn cannot hold refused in words, the model file
+checked before ncnn parses it, and the precision options set from the artifact and the CPU."""
+import dataclasses
+import zipfile
+
+import numpy as np
+import pytest
+
+import edgedyn
+import edgedyn.runtime as rt
+from edgedyn.errors import BackendError, EdgedynError
+from edgedyn.runtime.errors import BundleError
+from edgedyn.runtime.executors.ncnn_param import check_model
+from edgedyn.runtime.format import host_arch
+
+from conftest import ALL_MODELS, EXAMPLES, RTOL, assert_matches_torch, require
+
+pytestmark = pytest.mark.requires("ncnn", "pnnx", "onnx")
+# Models ncnn cannot hold, and the words their export fails with.
+REFUSED = {
+    "transformer_block": "the ncnn backend cannot express Tensor.reshape, torch.unbind: pnnx found no ncnn layer for "
+                         "them, at ",
+}
+
+
+@pytest.fixture(scope="module")
+def ncnn_bundle(export_example):
+    return lambda name: export_example(name, backend="ncnn")
+
+
+@pytest.mark.parametrize("name", sorted(set(ALL_MODELS) - set(REFUSED)))
+def test_fp32_matches_torch_on_fresh_inputs(ncnn_bundle, name):
+    program = rt.load(ncnn_bundle(name), threads=2)
+    assert all(spec.precision() == ("fp32", None) for spec in program.specializations)
+    assert_matches_torch(program, name, seed=2026)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_what_ncnn_cannot_hold_is_refused_with_the_op_and_line(tmp_path, name):
+    reference, inputs = ALL_MODELS[name]
+    with pytest.raises(BackendError) as raised:
+        edgedyn.export(str(EXAMPLES / reference), inputs=list(inputs), backend="ncnn", output=tmp_path / "m.edgedyn")
+    assert raised.value.message.startswith(REFUSED[name]), raised.value.message
+    assert "{}.py:".format(name) in raised.value.message  # the user's line
+    assert not (tmp_path / "m.edgedyn").exists()
+
+
+def test_fp32_bundle_is_portable_verifies_and_records_its_settings(ncnn_bundle):
+    (spec,) = rt.read_manifest(ncnn_bundle("tiny_cnn"))["specializations"]
+    (artifact,) = spec["artifacts"]
+    assert (artifact["backend"], artifact["executor"], artifact["arch"], artifact["precision"]) == (
+        "ncnn", "ncnn", None, "fp32")
+    assert sorted(artifact["files"]) == ["model", "weights"]
+    record = artifact["ncnn"]
+    assert record["batch"] == 1 and record["input_shapes"] == [[3, 64, 64]] and record["output_shapes"] == [[10]]
+    assert record["weights"] == "fp32" and record["converted_by"].startswith("pnnx ")
+    assert record["layers"]["Convolution"] == 2 and artifact["requires"] == {"python": ["ncnn>=1.0.20250503"]}
+    program = rt.load(ncnn_bundle("tiny_cnn"), threads=2)
+    described = program.specializations[0].executor.describe()
+    assert described["threads"] == 2 and described["fp16"] == {"fp16_storage": False, "fp16_packed": False,
+                                                               "fp16_arithmetic": False}
+    results = program.verify()
+    assert results and all(r["ok"] and r["max_rel"] < RTOL for r in results), results
+
+
+def test_a_batch_runs_item_by_item(ncnn_bundle):
+    """ncnn has no batch axis: the MLP's batch-8 specialization runs 8 extractions and stacks them."""
+    program = rt.load(ncnn_bundle("mlp"))
+    batches = [spec.executor.describe()["batch_runs"] for spec in program.specializations]
+    assert batches == [1, 8]
+
+
+def test_an_fp16_artifact_computes_fp32_off_arm_and_says_why(ncnn_bundle, tmp_path):
+    """ncnn's fp16 arithmetic is Arm v8.2's: elsewhere the fp16 artifact computes fp32 from the same fp32 weights,
+    equal to torch at the fp32 tolerance, and the runtime says why."""
+    from conftest import with_precision
+
+    require(host_arch() != "aarch64", "checks the fallback on a CPU that is not Arm", "run it on x86")
+    path = with_precision(ncnn_bundle("mobilenet_v2"), "fp16", tmp_path / "fp16.edgedyn")
+    program = rt.load(path)
+    (spec,) = program.specializations
+    assert spec.precision() == ("fp32", "fp16 artifact computes in fp32 here: ncnn computes fp16 on Arm v8.2 "
+                                        "cores only")
+    assert not any(spec.executor.describe()["fp16"].values())
+    assert_matches_torch(program, "mobilenet_v2", seed=7)
+
+
+def test_fp16_is_an_arm_precision_of_this_backend(tmp_path):
+    with pytest.raises(EdgedynError) as raised:
+        edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], board="x86-64", backend="ncnn",
+                       precision="fp16", output=tmp_path / "m.edgedyn")
+    assert raised.value.message.startswith("backend ncnn does not compute fp16 on a x86_64 CPU; backends that do: ")
+
+
+def _write_model(tmp_path, source: str) -> str:
+    path = tmp_path / "model.py"
+    path.write_text("import torch\n\n" + source)
+    return "{}:Model".format(path)
+
+
+@pytest.mark.parametrize("source, inputs, words", [
+    ("class Model(torch.nn.Module):\n    def forward(self, x):\n        return x.sum(0, keepdim=True) * 2\n",
+     ["x=4x8"], "ncnn has no batch axis, so each item of the first axis runs on its own, and its inputs and outputs "
+                "disagree on that axis (input 'x' 4, output 0 1)"),
+    ("class Model(torch.nn.Module):\n    def forward(self, x):\n        return torch.softmax(x, 0)\n",
+     ["x=4x8"], "the ncnn model pnnx converted disagrees with torch eager on output 0 for random inputs: max relative "
+                "error"),
+    ("class Model(torch.nn.Module):\n    def forward(self, x):\n        return x @ x.t()\n",
+     ["x=4x8"], "the ncnn model pnnx converted fails on random inputs: ncnn computed output output_0 as 1 values of "
+                "shape (1,) (status 0); the model declares (4,)"),
+    ("class Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n",
+     ["x=1x2x3x4x5x6"], "the ncnn backend cannot express input 'x' of shape [1, 2, 3, 4, 5, 6]: ncnn has no batch "
+                        "axis and holds each item of the first axis as a blob of 1 to 4 dimensions"),
+    ("class Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n",
+     ["x=1x8:int32"], "the ncnn backend cannot express input 'x' of dtype int32: ncnn computes float32 tensors only"),
+])
+def test_what_ncnn_cannot_hold_is_refused_in_words(tmp_path, source, inputs, words):
+    with pytest.raises(BackendError) as raised:
+        edgedyn.export(_write_model(tmp_path, source), inputs=inputs, backend="ncnn", output=tmp_path / "m.edgedyn")
+    assert words in raised.value.message, raised.value.message
+    assert not (tmp_path / "m.edgedyn").exists()
+
+
+def _model_files(ncnn_bundle) -> tuple:
+    with zipfile.ZipFile(str(ncnn_bundle("tiny_cnn"))) as archive:
+        names = archive.namelist()
+        param = archive.read(next(n for n in names if n.endswith("model.param")))
+        weights = archive.read(next(n for n in names if n.endswith("weights.bin")))
+    return param, weights
+
+
+TINY_SHAPES = {"x": (3, 64, 64)}
+
+
+@pytest.mark.parametrize("edit_param, edit_weights, words", [
+    (lambda p: p.replace(b"8 8", b"9 8", 1), None, "the header says 9 layers, the text has 8"),
+    (lambda p: p.replace(b"Pooling", b"Python", 1), None, "layer 4: layer type 'Python' is not one edgedyn's ncnn "
+                                                          "files use"),
+    (lambda p: p + b"\xff", None, "the .param text holds bytes other than printable ASCII"),
+    (lambda p: p.replace(b" 6 output_0", b" 7 output_0", 1), None, "layer 7 (linear_5) reads blob 7 before any "
+                                                                   "layer makes it"),
+    (lambda p: p.replace(b"0=10 ", b"0=10 9=\"abc\" ", 1), None, "value '\"abc\"' is not a number"),
+    (lambda p: p.replace(b"0=10 ", b"0=10 30=4,1,1,1 ", 1), None, "parameter id 30 (ids are 0-31, each once; no "
+                                                                  "shape hints)"),
+    (lambda p: p.replace(b"-23310=2,", b"-23310=9,", 1), None, "array -23310 says 9 items and holds 2"),
+    (lambda p: p.replace(b"0=10 ", b"0=0 ", 1), None, "parameter 0 must be at least 1, got 0"),
+    (lambda p: p.replace(b"6=432", b"6=432 8=1", 1), None, "an int8 layer; edgedyn's ncnn files are float"),
+    (None, lambda w: w[:-4], "10 weights at bytes 22928..22968 lie outside the 22964-byte .bin"),
+    (None, lambda w: b"\x78\x56\x34\x12" + w[4:], "weights tagged 0x12345678 at byte 0; edgedyn writes fp32 (0) or "
+                                                  "fp16 (0x1306b47)"),
+    (lambda p: p.replace(b"1=2 11=2 12=2", b"1=99 11=99 12=2", 1), None, "layer 4 (Pooling maxpool2d_0): a 99-wide "
+                                                                       "window over 16 values (inputs [[32, 16, 16]])"),
+    (lambda p: p.replace(b"4=1 5=1 6=432", b"4=70000 5=1 6=432", 1), None, "pads [70000, 70000, 1, 1] are neither "
+                                                                           "all 0-65536 nor one SAME mode"),
+    (lambda p: p.replace(b"1=3 11=3 12=1 13=2 14=1 2=1 3=2 4=1 5=1 6=432", b"1=1 11=1 12=1 13=2 14=1 2=1 3=2 4=1 5=1 "
+                                                                          b"6=432", 1), None,
+     "432 weights; 16 outputs x 3 inputs / 1 groups x kernel [1, 1] take 48"),
+    (lambda p: p.replace(b"-23303=2,2,1", b"-23303=2,2,7", 1), None, "axis 7 of a 3-d blob"),
+    (lambda p: p.replace(b"Reshape reshape_6 1 1 5 6 0=32", b"Reshape reshape_6 1 1 5 6 0=33", 1), None,
+     "a reshape of 32 values to [33]"),
+])
+def test_the_model_file_is_checked_before_ncnn_parses_it(ncnn_bundle, edit_param, edit_weights, words):
+    param, weights = _model_files(ncnn_bundle)
+    assert len(check_model(param, weights, "m", TINY_SHAPES)) == 8  # the real one passes
+    with pytest.raises(BundleError) as raised:
+        check_model(edit_param(param) if edit_param else param, edit_weights(weights) if edit_weights else weights,
+                    "bundle m.edgedyn: model.param", TINY_SHAPES)
+    assert raised.value.message.startswith("bundle m.edgedyn: model.param is not a valid ncnn model: ")
+    assert words in raised.value.message, raised.value.message
+
+
+def test_board_options_reach_the_artifact_and_bad_ones_are_refused():
+    from edgedyn.backends.ncnn import board_options
+    from edgedyn.boards import load_board
+    from edgedyn.runtime.executors.ncnn import options
+
+    assert options({}) == {}
+    with pytest.raises(BundleError) as raised:
+        options({"ncnn": {"options": {"use_vulkan_compute": True}}})
+    assert "ncnn.options: use_vulkan_compute = True is not allowed" in raised.value.message
+    board = dataclasses.replace(load_board("raspberry-pi-5"), ncnn_options={"use_winograd_convolution": False})
+    assert board_options(board) == {"use_winograd_convolution": False}
+    with pytest.raises(EdgedynError) as raised:
+        dataclasses.replace(load_board("raspberry-pi-5"), ncnn_options={"use_fp16_arithmetic": True})
+    assert "ncnn" in raised.value.message and "use_fp16_arithmetic" in raised.value.message
+
+
+def test_an_older_ncnn_than_the_exports_is_noted():
+    from edgedyn.runtime.executors.ncnn import _older_note
+
+    assert _older_note("1.0.20261020", "1.0.20261020") is None and _older_note("1.0.20261020", None) is None
+    assert _older_note("1.0.20260526", "1.0.20261020") == (
+        "ncnn 1.0.20260526 here is older than the 1.0.20261020 this model was checked with at export: run `edgedyn "
+        "verify` on this board, or pip install -U ncnn")
