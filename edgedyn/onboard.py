@@ -23,19 +23,29 @@ from edgedyn.backends.artifact import Artifact
 from edgedyn.boards import Board
 from edgedyn.errors import EdgedynError
 
-# A board-side run: load the probe bundle on one thread, run its one specialization's executor on every batch of an
-# .npz, save the outputs and the precision it computed in. Python 3.8 syntax (the board's Python).
+# A board-side run: load the probe bundle on one thread, run its one specialization's executor on the first batch
+# (the warm-up call), count COUNTED_CALLS more calls on it between marks (edgedyn/emulate/instructions.py's marks
+# method), then run the other batches for the gate, and save every output and the precision it computed in. One
+# process both checks and counts. Python 3.8 syntax (the board's Python).
 _EVALUATE = """
-import sys
+import ctypes, sys
 import numpy as np
 from edgedyn.runtime.program import load
-bundle, inputs, outputs = sys.argv[1:4]
+bundle, inputs, outputs, calls, marks = sys.argv[1:6]
 spec = load(bundle, threads=1, device="cpu").specializations[0]
 data = np.load(inputs, allow_pickle=False)
+batches = [[data["{}.{}".format(b, i)] for i in range(int(data["arity"]))] for b in range(int(data["batches"]))]
+syscall, number, magic = ctypes.CDLL(None).syscall, int(marks.split(",")[0]), ctypes.c_long(int(marks.split(",")[1]))
 results = {}
-for b in range(int(data["batches"])):
-    arrays = [data["{}.{}".format(b, i)] for i in range(int(data["arity"]))]
-    for j, value in enumerate(spec.executor.run(arrays)):
+for j, value in enumerate(spec.executor.run(batches[0])):
+    results["0.{}".format(j)] = np.asarray(value)
+syscall(number, magic)
+syscall(number, magic)
+for _ in range(int(calls)):
+    spec.executor.run(batches[0])
+syscall(number, magic)
+for b in range(1, len(batches)):
+    for j, value in enumerate(spec.executor.run(batches[b])):
         results["{}.{}".format(b, j)] = np.asarray(value)
 results["precision"] = np.array(spec.precision()[0])
 np.savez(outputs, **results)
@@ -71,6 +81,7 @@ class Measurement:
                                     BACKENDS[candidate.backend].board_extra.split(",") if extra}))
         self._workdir = tempfile.TemporaryDirectory(prefix="edgedyn-onboard-")
         self._emulated = None  # type: Any
+        self._counts = {}  # type: Dict[str, Dict[str, Any]]
 
     def close(self) -> None:
         self._workdir.cleanup()
@@ -83,49 +94,41 @@ class Measurement:
         return self._emulated
 
     def run(self, label: str, artifact: Artifact, batches: List[List[np.ndarray]]) -> Tuple[List[List[np.ndarray]], str]:
-        """(the candidate's outputs on each batch, computed on the emulated board; the precision it computed in).
+        """(the candidate's outputs on each batch, computed on the emulated board; the precision it computed in),
+        its instructions per call counted in the same process (`count` returns them once the outputs passed).
 
-        It runs where it is counted: in the board's CPU view (the guest's /proc/cpuinfo names the board's CPU, as
-        XNNPACK and ncnn read it), with the counted runs' environment."""
+        It runs as counts run: in the board's CPU view (the guest's /proc/cpuinfo names the board's CPU, as XNNPACK
+        reads it), one thread, a fixed environment (edgedyn/emulate/instructions.py count_command)."""
         folder = Path(self._workdir.name) / label.replace(":", "-")
         folder.mkdir()
         bundle = self.probe(artifact, folder)
         inputs, outputs = folder / "inputs.npz", folder / "outputs.npz"
         arrays = {"{}.{}".format(b, i): np.asarray(a) for b, batch in enumerate(batches) for i, a in enumerate(batch)}
         np.savez(str(inputs), batches=np.array(len(batches)), arity=np.array(len(batches[0])), **arrays)
+        from edgedyn.emulate.instructions import LABEL, MARK_MAGIC, MARK_SYSCALL, count_command, plugin_library
+        from edgedyn.emulate.rootfs import EmulationError
+
         board = self._board(bundle)
-        result = _run_in_view(board, ["-c", _EVALUATE, str(bundle), str(inputs), str(outputs)])
-        if result.returncode != 0 or not outputs.is_file():
-            raise EdgedynError("{} failed on the emulated {} (qemu -cpu {}), exit {}: {}".format(
-                label, board.name, board.qemu_cpu, result.returncode, _last_line(result.stderr)))
+        try:
+            counted = count_command(board, ["-c", _EVALUATE, str(bundle), str(inputs), str(outputs),
+                                            str(COUNTED_CALLS), "{},{}".format(MARK_SYSCALL, MARK_MAGIC)])
+        except EmulationError as error:
+            raise EdgedynError("{} failed on the emulated {} (qemu -cpu {}): {}".format(
+                label, board.name, board.qemu_cpu, _last_line(error.message)))
+        first, empty, last = counted.marks[:3]
+        self._counts[label] = {"per_call": ((last - empty) - (empty - first)) / COUNTED_CALLS,
+                               "calls": COUNTED_CALLS, "method": "marks", "wall_s": round(counted.wall_s, 1),
+                               "label": LABEL.format(board=board.name, cpu=board.qemu_cpu),
+                               "plugin": plugin_library().describe()}
         with np.load(str(outputs), allow_pickle=False) as saved:
             count = len([k for k in saved.files if k.startswith("0.")])
             got = [[saved["{}.{}".format(b, j)] for j in range(count)] for b in range(len(batches))]
             precision = str(saved["precision"])
-        self._bundles = getattr(self, "_bundles", {})
-        self._bundles[label] = bundle
         return got, precision
 
     def count(self, label: str) -> Dict[str, Any]:
         """Guest instructions per call of a candidate that `run` ran, one thread, under the board's CPU."""
-        from edgedyn.emulate.instructions import count_instructions
-
-        bundle = self._bundles[label]
-        self.say("counting {} on the emulated {} (qemu -cpu {})".format(label, self.board.name, self.board.qemu_cpu))
-        return count_instructions(bundle, calls=COUNTED_CALLS, board=self._board(bundle), method="marks")
-
-
-def _run_in_view(board: Any, argv: List[str]) -> Any:
-    """The board's `python3 ARGV` under its CPU, in that CPU's view of the root filesystem, as counted runs are."""
-    from edgedyn.emulate.cpus import cpu_view
-    from edgedyn.emulate.instructions import COUNT_ENV
-    from edgedyn.emulate.rootfs import run_on_board
-
-    view = cpu_view(board.rootfs, board.qemu_cpu)
-    with tempfile.TemporaryDirectory(prefix="edgedyn-onboard-home-") as home:
-        env = dict(COUNT_ENV, HOME=home, EDGEDYN_CACHE=str(Path(home) / "cache"))
-        return run_on_board(view, argv, cpu=board.qemu_cpu, env=env, pythonpath=[board.site],
-                            cwd=board.site.parent, timeout=3600)
+        return self._counts[label]
 
 
 def replay(outputs: List[List[np.ndarray]]) -> Callable[[Any], List[np.ndarray]]:
@@ -159,7 +162,8 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
                 step("{}: skipped ({})".format(label, rejected[label]))
                 continue
             batches, judge = _evaluation(candidate, artifact, spec, quantization, accuracy)
-            step("running {} on the emulated {} (qemu -cpu {})".format(label, board.name, board.qemu_cpu))
+            step("running and counting {} on the emulated {} (qemu -cpu {})".format(label, board.name,
+                                                                                   board.qemu_cpu))
             ran = attempt(label, lambda: measurement.run(label, artifact, batches), rejected)
             if ran is None or attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected) is None:
                 if ran is not None and candidate.precision != "fp32" and "misses" in rejected.get(label, ""):

@@ -39,7 +39,7 @@ def test_every_candidate_is_counted_on_the_emulated_board_and_the_fewest_instruc
     assert selection["candidate"] == min(counts, key=counts.get)
     assert all(isinstance(n, int) and n > 10000 for n in counts.values())
     log = pi5_bundle.with_suffix(".log").read_text()
-    assert "counting openvino:fp16 on the emulated raspberry-pi-5 (qemu -cpu cortex-a76)" in log
+    assert "running and counting openvino:fp16 on the emulated raspberry-pi-5 (qemu -cpu cortex-a76)" in log
 
 
 def test_the_fp16_candidate_really_computed_fp16_on_the_emulated_a76(pi5_bundle, tmp_path):
