@@ -309,7 +309,7 @@ def _open_checked(stack: contextlib.ExitStack, artifact: Artifact, spec: Special
 
 
 def _example_arrays(spec: Specialization) -> List[np.ndarray]:
-    return [np.ascontiguousarray(tensor.numpy()) for tensor in spec.example_tensors]
+    return [np.asarray(tensor.numpy(), order="C") for tensor in spec.example_tensors]
 
 
 def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],

@@ -54,7 +54,7 @@ class _Interpreter:
 
     def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
         for (index, dtype), array in zip(self.inputs, inputs):
-            self.interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=dtype))
+            self.interpreter.set_tensor(index, np.asarray(array, dtype=dtype, order="C"))
         self.interpreter.invoke()
         return [self.interpreter.get_tensor(index) for index in self.outputs]
 
@@ -94,7 +94,7 @@ class LiteRtExecutor:
             with self._lock:  # per run: `between` may call run(), which takes the lock
                 started = clock()
                 for (index, dtype), array in zip(self._interpreter.inputs, inputs):
-                    interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=dtype))
+                    interpreter.set_tensor(index, np.asarray(array, dtype=dtype, order="C"))
                 inputs_set = clock()
                 interpreter.invoke()
                 invoked = clock()
