@@ -42,7 +42,7 @@ def worker(bundle: str, repeats: int) -> Dict[str, Any]:
     program = rt.load(bundle)
     spec = program.specializations[0]
     values, _ = program.reference(spec)  # the export's own example inputs: what is timed does not matter here
-    inputs = [np.ascontiguousarray(values[name]) for name in spec.inputs]
+    inputs = [np.asarray(values[name], order="C") for name in spec.inputs]
     run = spec.executor.run
     for _ in range(50):
         run(inputs)

@@ -33,9 +33,15 @@ def counted(task: Dict[str, Any], calls: int, workdir: Path) -> int:
     """The instructions valgrind counted for the worker of `task` running `calls` calls after its warm-up."""
     path = workdir / "task-{}.json".format(calls)
     path.write_text(json.dumps(dict(task, calls=calls, threads=1)))
-    env = dict(os.environ, PYTHONPATH=str(speed.REPO), OMP_NUM_THREADS="1")
+    # One hash seed and no bytecode written: the runs with and without the calls then differ by the calls alone
+    # (a random seed, or the first run compiling what the second finds cached, moved edgedyn's MobileNetV4 count
+    # by 2M instructions a call over 10 calls).
+    env = dict(os.environ, PYTHONPATH=str(speed.REPO), OMP_NUM_THREADS="1", PYTHONHASHSEED="0",
+               PYTHONDONTWRITEBYTECODE="1")
+    # sys.executable as it is, never its real path: a virtual environment's python is a link to the base
+    # interpreter, which run by its real path finds none of the environment's packages.
     done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-                           os.path.realpath(sys.executable), str(Path(speed.__file__).resolve()), "--worker",
+                           sys.executable, str(Path(speed.__file__).resolve()), "--worker",
                            str(path)], env=env, capture_output=True, text=True, timeout=3600)
     result = next((line for line in done.stdout.splitlines() if line.startswith("RESULT ")), "RESULT {}")
     if "error" in json.loads(result[len("RESULT "):]):

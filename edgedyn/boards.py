@@ -147,7 +147,7 @@ class OnnxruntimeSession:
 
     graph_optimization: str = key("", "graph_optimization", choice(tuple(GRAPH_OPTIMIZATIONS)),
                                   default=DEFAULT_SESSION["graph_optimization"])
-    # 0: the runtime's thread setting, else onnxruntime's own default (one per physical core)
+    # 0: the runtime's thread setting, else one per physical core (runtime/executors/onnxruntime.py)
     intra_op_threads: int = key("", "intra_op_threads", integer(0, MAX_INTRA_OP_THREADS),
                                 default=DEFAULT_SESSION["intra_op_threads"])
     allow_spinning: bool = key("", "allow_spinning", boolean(), default=DEFAULT_SESSION["allow_spinning"])

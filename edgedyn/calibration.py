@@ -183,7 +183,7 @@ def batches(samples: Samples, shapes: Sequence[Sequence[int]], dtypes: Sequence[
             raise EdgedynError("{}: a sample has {} array(s), the model takes {} tensor input(s)".format(
                 samples.source, len(sample), len(shapes)), hint="return one tuple of arrays per sample, in input order")
     if all(tuple(a.shape) == tuple(s) for sample in samples.samples for a, s in zip(sample, shapes)):
-        return [[np.ascontiguousarray(a, dtype=d) for a, d in zip(sample, dtypes)] for sample in samples.samples]
+        return [[np.asarray(a, dtype=d, order="C") for a, d in zip(sample, dtypes)] for sample in samples.samples]
     columns = []
     for index, (shape, dtype) in enumerate(zip(shapes, dtypes)):
         arrays = [np.asarray(sample[index]) for sample in samples.samples]
@@ -197,5 +197,5 @@ def batches(samples: Samples, shapes: Sequence[Sequence[int]], dtypes: Sequence[
     if total < batch:  # fewer rows than one batch: repeat them, the ranges are still those of the data
         columns = [np.concatenate([c] * (-(-batch // total))) for c in columns]
         total = columns[0].shape[0]
-    return [[np.ascontiguousarray(c[start:start + batch]) for c in columns]
+    return [[np.asarray(c[start:start + batch], order="C") for c in columns]
             for start in range(0, total - batch + 1, batch)]

@@ -173,7 +173,7 @@ def verify(artifact: Artifact, spec: Specialization) -> bool:
 
 
 def example_arrays(spec: Specialization) -> List[np.ndarray]:
-    return [np.ascontiguousarray(tensor.numpy()) for tensor in spec.example_tensors]
+    return [np.asarray(tensor.numpy(), order="C") for tensor in spec.example_tensors]
 
 
 def checked(stack: contextlib.ExitStack, candidate: Candidate, artifact: Artifact, spec: Specialization,

@@ -5,11 +5,13 @@
 The runtime defines its own errors (edgedyn/runtime/errors.py) so the device side imports nothing from here;
 they share this base through `edgedyn.runtime.errors.RuntimeUserError`, re-exported as EdgedynError.
 """
+import importlib
 from typing import Dict, Optional
 
 from edgedyn.runtime.errors import EdgedynError, MissingDependencyError
 
-__all__ = ["EdgedynError", "MissingDependencyError", "CaptureError", "BackendError", "GpuBuildError", "BoardError"]
+__all__ = ["EdgedynError", "MissingDependencyError", "CaptureError", "BackendError", "GpuBuildError", "BoardError",
+           "require_modules"]
 
 
 class CaptureError(EdgedynError):
@@ -33,3 +35,18 @@ class GpuBuildError(BackendError):
 
 class BoardError(EdgedynError):
     """An unknown or malformed board or target description."""
+
+
+def require_modules(needs: Dict[str, str], what: str, extra: str) -> None:
+    """Imports each module of `needs` ({module: what it is for}) and fails naming every missing one and the extra
+    that installs them: for what a library imports only once it runs (in a worker process, where a missing module
+    would end the worker, not tell the user)."""
+    missing = []
+    for module, why in needs.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append("{} (for {})".format(module, why))
+    if missing:
+        raise MissingDependencyError("{} needs what is not installed here: {}".format(what, ", ".join(missing)),
+                                     hint="pip install 'edgedyn[{}]'".format(extra))

@@ -51,6 +51,7 @@ MODULE_EXTRAS = {
     "cryptography": "sign",
     "PIL": "images",
     "psutil": "fleet",
+    "cloudpickle": "fleet",
 }
 _running = None  # type: Optional[pytest.Item]
 

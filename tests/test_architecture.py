@@ -174,7 +174,7 @@ def test_a_function_level_import_counts(tmp_path):
 
 
 def test_no_module_is_over_400_lines_without_a_reason():
-    # STYLE.md: a file over ~400 lines is usually two. One that must stay whole says why in its docstring.
+    # A file over ~400 lines is usually two ideas; one that must stay whole says why in its docstring.
     long = []
     for path in sorted(PACKAGE.rglob("*.py")):
         text = path.read_text()

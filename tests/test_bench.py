@@ -185,6 +185,15 @@ def test_no_jetson_and_no_cpufreq_are_left_out_quietly(tmp_path: Path) -> None:
     assert sysinfo.describe_clocks(env) == []
 
 
+def test_physical_cores_count_hyperthreads_once_and_only_usable_cpus(tmp_path: Path) -> None:
+    # Two cores of two hyperthreads each (CPUs 0,2 and 1,3), as Linux lists them.
+    for cpu, siblings in ((0, "0,2"), (1, "1,3"), (2, "0,2"), (3, "1,3")):
+        _write(tmp_path, "sys/devices/system/cpu/cpu{}/topology/thread_siblings_list".format(cpu), siblings + "\n")
+    assert sysinfo.physical_cores(str(tmp_path), usable=range(4)) == 2
+    assert sysinfo.physical_cores(str(tmp_path), usable=[0, 2]) == 1  # taskset -c 0,2: one core
+    assert sysinfo.physical_cores(str(tmp_path), usable=[0, 1, 7]) == 3  # cpu7 has no topology: a core of its own
+
+
 # --- the command, end to end ---
 
 REQUIRED_NUMBERS = ("throughput_per_s", "init_ms", "first_inference_ms", "peak_rss_mb", "guard_overhead_us")

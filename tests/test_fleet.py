@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO, RTOL, torch_model
 
-pytestmark = pytest.mark.requires("tvm", "tornado")
+pytestmark = pytest.mark.requires("tvm", "tornado", "cloudpickle", "psutil")
 
 LOOPBACK = "127.0.0.1"
 
@@ -75,7 +75,10 @@ class Fleet:
 
     def stop(self, name: str) -> None:
         process = self.processes.pop(name)
-        os.killpg(process.pid, signal.SIGKILL)
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended, and so did everything it started
+            pass
         process.wait()
 
     def close(self) -> None:
@@ -221,3 +224,61 @@ def test_boards_on_python_38_are_told_the_path_tvm_offers(run_cli) -> None:
     assert nano.returncode == 0 and "Python >= 3.10" in nano.stdout and "tvm_rpc" in nano.stdout
     pi = run_cli("boards", "show", "raspberry-pi-5")
     assert "edgedyn serve (TVM's Python RPC server)" in pi.stdout
+
+
+def _blocking(tmp_path: Path, module: str) -> Dict[str, str]:
+    """An environment in which `module` fails to import, as it does where it is not installed."""
+    package = tmp_path / "blocked" / module
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError(\"No module named '{}'\")\n".format(module))
+    return {"PYTHONPATH": os.pathsep.join([str(package.parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+
+
+@pytest.mark.parametrize("module", ["tornado", "cloudpickle", "psutil"])
+def test_the_tracker_names_what_it_misses_before_it_starts(tmp_path: Path, run_cli, module: str) -> None:
+    # Without cloudpickle TVM's worker died after the command had started, and every board retried it.
+    result = run_cli("tracker", "--host", LOOPBACK, "--port", str(_free_port()), env=_blocking(tmp_path, module))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "error: the tracker (TVM's) needs what is not installed here: {} (for".format(module) in result.stderr
+    assert "hint: pip install 'edgedyn[fleet]'" in result.stderr
+
+
+def test_serve_without_a_tracker_fails_at_once(run_cli) -> None:
+    port = _free_port()
+    began = time.monotonic()
+    result = run_cli("serve", "--tracker", "{}:{}".format(LOOPBACK, port), "--key", "x86", "--host", LOOPBACK,
+                     "--port", str(_free_port()))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "error: no RPC tracker answers at {}:{}".format(LOOPBACK, port) in result.stderr
+    assert "edgedyn tracker --port {}".format(port) in result.stderr
+    assert time.monotonic() - began < 50  # TVM's own loop retries for 60 s
+
+
+def _tracker_and_worker(fleet: Fleet) -> Any:
+    import psutil
+
+    fleet.wait(lambda: fleet.summary() is not None, "the tracker")
+    (worker,) = psutil.Process(fleet.processes["tracker"].pid).children()
+    return fleet.processes["tracker"], worker
+
+
+def test_a_tracker_whose_worker_dies_says_so(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path)
+    try:
+        tracker, worker = _tracker_and_worker(fleet)
+        worker.kill()
+        assert tracker.wait(timeout=60) == 2
+        assert "error: TVM's tracker process ended" in fleet.log("tracker")
+    finally:
+        fleet.close()
+
+
+def test_stopping_the_tracker_stops_its_worker(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path)
+    try:
+        tracker, worker = _tracker_and_worker(fleet)
+        tracker.terminate()  # SIGTERM, as systemd or kill stop it
+        assert tracker.wait(timeout=60) == 0, fleet.log("tracker")
+        worker.wait(timeout=30)  # psutil raises TimeoutExpired if the worker outlives its command
+    finally:
+        fleet.close()

@@ -86,6 +86,79 @@ def test_threads_option_sets_intra_op_threads(export_onnx):
     assert executor._session.get_session_options().intra_op_num_threads == 1
 
 
+def _pinned_threads(seconds: float = 1.0, until: Callable[[list], bool] = lambda pinned: False) -> list:
+    """This process's threads whose CPU affinity is narrower than the process's own, after `seconds` or as soon as
+    `until` holds: onnxruntime's pool threads pin themselves once they first run."""
+    import os
+    import time
+
+    allowed = os.sched_getaffinity(0)
+    deadline = time.monotonic() + seconds
+    while True:
+        pinned = [tid for tid in os.listdir("/proc/self/task") if os.sched_getaffinity(int(tid)) != allowed]
+        if until(pinned) or time.monotonic() > deadline:
+            return pinned
+        time.sleep(0.05)
+
+
+def test_the_default_session_has_a_thread_per_physical_core_none_of_them_pinned(export_onnx):
+    import os
+
+    import numpy as np
+    import onnxruntime
+
+    from conftest import require
+    from edgedyn.runtime import sysinfo
+
+    require(hasattr(os, "sched_getaffinity") and sysinfo.physical_cores() > 1,
+            "needs Linux on 2 physical cores or more", "run it on such a machine")
+    # Left at 0, onnxruntime pins each pool thread to a CPU (docs/backends.md): a pinned worker waits for whatever
+    # else runs on its CPU. The executor always names the count, which leaves them free.
+    path = export_onnx("tiny_cnn")
+    x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    pinned_before = _pinned_threads()
+    program = rt.load(path)
+    program(x)
+    assert _pinned_threads() == pinned_before
+    described = program.specializations[0].executor.describe()
+    assert described["threads"] is None and described["intra_op_threads"] == sysinfo.physical_cores()
+    # What it avoids, in the onnxruntime installed here: a session left at 0 pins its pool threads.
+    model = rt.Bundle(path).read(program.specializations[0].artifact["files"]["model"])
+    left_at_zero = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    left_at_zero.run(None, {"x": x})
+    assert len(_pinned_threads(10.0, until=lambda pinned: len(pinned) > len(pinned_before))) > len(pinned_before)
+    del left_at_zero
+
+
+CONFINED = """
+import os, sys, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # first: threads started later inherit it
+import numpy as np
+import edgedyn.runtime as rt
+program = rt.load(sys.argv[1])
+program(np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32))
+time.sleep(0.5)  # onnxruntime's pool threads pin themselves once they first run
+cpus = sorted({cpu for tid in os.listdir("/proc/self/task") for cpu in os.sched_getaffinity(int(tid))})
+print(program.specializations[0].executor.describe()["intra_op_threads"], cpus)
+"""
+
+
+def test_a_process_confined_to_one_cpu_runs_its_bundle_there(export_onnx):
+    import os
+    import subprocess
+
+    from conftest import require
+
+    require(hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1,
+            "needs Linux with 2 CPUs or more", "run it on such a machine")
+    # Left at 0, onnxruntime 1.32 counted the machine's cores, not the process's, and pinned a worker to CPU 1
+    # of a process that `taskset -c 0` had confined to CPU 0.
+    done = subprocess.run([sys.executable, "-c", CONFINED, str(export_onnx("tiny_cnn"))], capture_output=True,
+                          text=True, cwd=str(REPO))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "[{}]".format(min(os.sched_getaffinity(0)))]
+
+
 def test_jetson_bundle_asks_for_gpu_providers_and_runs_on_what_is_installed(export_onnx):
     program = rt.load(export_onnx("tiny_cnn", board="jetson-orin-nano"))
     described = program.specializations[0].executor.describe()

@@ -10,7 +10,7 @@ import pytest
 from conftest import RTOL
 
 
-pytestmark = pytest.mark.requires("tvm", "xgboost", "psutil")
+pytestmark = pytest.mark.requires("tvm", "xgboost", "psutil", "cloudpickle")
 
 # One kernel (matmul + bias + relu): MetaSchedule has a single task, so a handful of trials tunes it.
 TINY = '''

@@ -174,6 +174,6 @@ def _attention_bias(graph: Graph, constant: str, name: str, scores: Tuple[int, i
     target = (mask.shape[0],) + tuple(scores[1:])
     if int(np.prod(target)) > MAX_BIAS_VALUES:
         return None
-    tensor = numpy_helper.from_array(np.ascontiguousarray(np.broadcast_to(mask, target)), name + "_bias")
+    tensor = numpy_helper.from_array(np.asarray(np.broadcast_to(mask, target), order="C"), name + "_bias")
     graph.graph.initializer.append(tensor)
     return tensor.name

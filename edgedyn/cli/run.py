@@ -180,7 +180,7 @@ def read_image(path: Path, shape: Tuple[int, int, int, int], preprocess: str) ->
         array = array / 255.0
         if channels == 3:
             array = (array - IMAGENET_MEAN) / IMAGENET_STD
-    chw = np.ascontiguousarray(array.transpose(2, 0, 1), dtype=np.float32)
+    chw = np.asarray(array.transpose(2, 0, 1), dtype=np.float32, order="C")
     return np.repeat(chw[None], batch, axis=0)
 
 

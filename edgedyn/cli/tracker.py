@@ -1,11 +1,10 @@
 """`edgedyn tracker`: start Apache TVM's RPC tracker, which boards register with and hosts ask for boards."""
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 from typing_extensions import Annotated
 
 from edgedyn.cli.common import err
-from edgedyn.errors import EdgedynError, MissingDependencyError
 
 
 def tracker_command(
@@ -16,22 +15,8 @@ def tracker_command(
     = "0.0.0.0",
 ) -> None:
     """Run TVM's RPC tracker until interrupted: `edgedyn serve` on each board registers with it."""
-    tracker = _start(host, port, port_end or port + 10)
+    from edgedyn.fleet import tracker as fleet_tracker
+
+    tracker = fleet_tracker.start(host, port, port_end or port + 10)
     err.print("tracker listening on {}:{}".format(host, tracker.port))
-    try:
-        tracker.proc.join()
-    except KeyboardInterrupt:
-        tracker.terminate()
-
-
-def _start(host: str, port: int, port_end: int) -> Any:
-    try:
-        from tvm.rpc.tracker import Tracker
-    except ImportError as error:
-        raise MissingDependencyError("the tracker is TVM's ({}), and its tracker needs tornado".format(error),
-                                     hint="pip install 'edgedyn[fleet]'")
-    try:
-        return Tracker(host, port=port, port_end=port_end, silent=True)
-    except ValueError as error:  # TVM's words for "every port in the range is taken"
-        raise EdgedynError("the tracker cannot listen on {}: {}".format(host, error),
-                           hint="choose another --port, or stop the tracker already running there")
+    fleet_tracker.wait(tracker)

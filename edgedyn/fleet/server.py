@@ -11,6 +11,7 @@ import errno
 import json
 import multiprocessing
 import socket
+import struct
 import sys
 import traceback
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -124,8 +125,31 @@ class Served:
 
         try:
             rpc_server._listen_loop(self.sock, self.port, self.key, self.tracker, None, None)
+        except RuntimeError as error:  # TVM's words once the tracker stopped answering for a minute
+            raise EdgedynError("lost the tracker {}:{}: {}".format(self.tracker[0], self.tracker[1], error),
+                               hint="start `edgedyn tracker` there again; under systemd, Restart=always starts this "
+                                    "server again too (docs/fleet.md)")
         finally:
             self.sock.close()
+
+
+def check_tracker(tracker: Tuple[str, int]) -> None:
+    """Fails at once unless a TVM RPC tracker answers at `tracker` (TVM's own loop would retry for a minute, then
+    stop with a traceback)."""
+    from tvm.rpc import base
+
+    where = "{}:{}".format(*tracker)
+    try:
+        with socket.create_connection(tracker, timeout=5) as sock:
+            sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+            answer = base.recvall(sock, 4)
+    except OSError as error:
+        raise EdgedynError("no RPC tracker answers at {} ({})".format(where, error),
+                           hint="start one there with `edgedyn tracker --port {}`, or check --tracker".format(
+                               tracker[1]))
+    if struct.unpack("<i", answer)[0] != base.RPC_TRACKER_MAGIC:
+        raise EdgedynError("{} answers, but not as a TVM RPC tracker".format(where),
+                           hint="give the address `edgedyn tracker` printed with --tracker")
 
 
 def serve(tracker: Tuple[str, int], key: str, host: str, port: int, port_end: int) -> Served:
@@ -134,6 +158,7 @@ def serve(tracker: Tuple[str, int], key: str, host: str, port: int, port_end: in
     Not `tvm.rpc.Server`: that starts its loop in a new Python process (exec), which a board emulated under
     qemu-user cannot do (only fork), and which needs cloudpickle; the loop itself is the same."""
     import_rpc()
+    check_tracker(tracker)
     # Sessions are forks of this process, which holds the registered functions (and a fork is all qemu-user
     # can start); Python 3.14 makes forkserver the default.
     multiprocessing.set_start_method("fork", force=True)

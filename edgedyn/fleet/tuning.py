@@ -21,10 +21,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from edgedyn.backends.tvm import import_relax
 from edgedyn.boards import Board
-from edgedyn.errors import BackendError, EdgedynError, MissingDependencyError
+from edgedyn.errors import BackendError, EdgedynError, require_modules
 from edgedyn.backends import tuning_records as database
 from edgedyn.fleet.tune_worker import PROGRESS_PREFIX
 from edgedyn.runtime.format import host_arch
+
+# What MetaSchedule imports only once tuning has started (module -> what for): checked before any work.
+NEEDS = {"xgboost": "its cost model", "psutil": "its search",
+         "cloudpickle": "its build and run workers (tvm.support.popen_pool)"}  # type: Dict[str, str]
 
 # Note: a `torch` that fails to import, written first on the PYTHONPATH of the search and of every MetaSchedule
 # build and run worker it starts. tvm_ffi imports torch when it can, and TVM's script parser calls
@@ -87,7 +91,7 @@ def tune_model(model: Any, board: Board, inputs: Optional[List[str]], trials: in
         raise EdgedynError("board {} is {}, this machine is {}: tuning measures kernels on the board itself".format(
             board.name, target.arch, host_arch()),
             hint="measure on the boards through a tracker: --remote HOST:PORT --key KEY (docs/fleet.md)")
-    _require_tuning_packages()
+    require_modules(NEEDS, "MetaSchedule", "fleet")
     folder = database.database_dir(target.name, root)
     folder.mkdir(parents=True, exist_ok=True)
     progress = Progress()
@@ -157,13 +161,3 @@ def _follow(worker: "subprocess.Popen[str]", progress: Progress, on_progress: Op
 
 def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def _require_tuning_packages() -> None:
-    """MetaSchedule imports these only once tuning has started: check before any work."""
-    import importlib.util
-
-    for module, why in (("xgboost", "its cost model"), ("psutil", "its search")):
-        if importlib.util.find_spec(module) is None:
-            raise MissingDependencyError("MetaSchedule needs {} for {}, which is not installed".format(module, why),
-                                         hint="pip install 'edgedyn[fleet]'")

@@ -213,7 +213,7 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
         if isinstance(value, TensorSpec):
             value = _random_tensor(value, generator)
         elif isinstance(value, np.ndarray):
-            value = torch.from_numpy(np.ascontiguousarray(value))
+            value = torch.from_numpy(np.asarray(value, order="C"))
         if isinstance(value, torch.Tensor):
             tensors[parameter.name] = value.detach().contiguous()
             dtype = str(value.dtype).replace("torch.", "")

@@ -93,7 +93,7 @@ def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]
         return artifact  # `auto` kept fp32, faster here than every int8 candidate (its selection says so)
     held_out = plan.held_out(spec)
     outputs = held_out.measure(run)
-    expected = run([np.ascontiguousarray(t.numpy()) for t in spec.example_tensors])
+    expected = run([np.asarray(t.numpy(), order="C") for t in spec.example_tensors])
     record = dict(artifact.meta["quantization"])
     record["calibration"] = {"source": plan.calibration.source if plan.calibration else None,
                              "batches": len(plan.quantization(spec).calibration) if plan.mode == "int8" else 0}

@@ -119,7 +119,7 @@ def float_gate(spec: Any, eval_inputs: Any = None, max_accuracy_drop: Optional[s
         batches = calibration_data.batches(samples, shapes, dtypes, seed=seed, names=spec.tensor_inputs)
         source = samples.source
     else:
-        examples = [np.ascontiguousarray(t.numpy()) for t in spec.example_tensors]
+        examples = [np.asarray(t.numpy(), order="C") for t in spec.example_tensors]
         rng = np.random.default_rng(seed)
         batches = [examples] + [[like(rng, a) for a in examples] for _ in range(EVAL_SAMPLES)]
         source = "the example inputs and {} drawn like them".format(EVAL_SAMPLES)

@@ -281,7 +281,7 @@ def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float, 
             call()
             interleaved.append((clock() - before) * 1000.0)
 
-    arrays = [np.ascontiguousarray(values[name]) for name in spec.inputs]
+    arrays = [np.asarray(values[name], order="C") for name in spec.inputs]
     raw = profile(arrays, runs, timed_call) if call is not None else profile(arrays, runs)
     return profiling.summarize(raw, median_ms, guard_ms, interleaved)
 

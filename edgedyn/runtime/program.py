@@ -183,7 +183,7 @@ class Program:
         if fast is not None:
             return fast
         spec, values = self.dispatch(*args, **kwargs)
-        return spec, [np.ascontiguousarray(values[name]) for name in spec.inputs]
+        return spec, [np.asarray(values[name], order="C") for name in spec.inputs]
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, Dict[str, Any]]:
         """The specialization whose guards all hold for these arguments, and the bound argument values."""

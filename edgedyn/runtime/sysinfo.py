@@ -8,7 +8,7 @@ import os
 import platform
 import shutil
 import subprocess
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import numpy as np
 
@@ -50,6 +50,18 @@ def environment(executor: Optional[Dict[str, Any]] = None, root: str = "/") -> D
     if jetson is not None:
         env["jetson"] = jetson
     return env
+
+
+def physical_cores(root: str = "/", usable: Optional[Iterable[int]] = None) -> int:
+    """The physical cores among the CPUs this process may run on (`usable`: its affinity mask), hyperthreads of
+    one core counting once; each CPU whose topology is unreadable counts as a core of its own."""
+    if usable is None:
+        usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in usable:
+        siblings = _read(root, "sys/devices/system/cpu/cpu{}/topology/thread_siblings_list".format(cpu))
+        cores.add(siblings.strip() if siblings and siblings.strip() else "cpu{}".format(cpu))
+    return max(1, len(cores))
 
 
 def runtime_versions(described: Dict[str, Any]) -> Dict[str, str]:

@@ -15,7 +15,7 @@ from test_fleet import LOOPBACK, Fleet  # tests/test_fleet.py: the tracker and i
 
 from .emulator import installed_checkout, run_edgedyn
 
-pytestmark = pytest.mark.requires("tvm", "tornado")
+pytestmark = pytest.mark.requires("tvm", "tornado", "cloudpickle", "psutil")  # the tracker's
 
 PI_CPU = "cortex-a72"
 KEYS = ("x86", "pi4")

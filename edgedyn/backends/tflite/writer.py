@@ -69,7 +69,7 @@ class ModelWriter:
 
     def constant(self, array: np.ndarray, name: str = "const", quant: Optional[Quant] = None) -> int:
         """A constant tensor holding `array`; identical constants share one tensor."""
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")
         key = (str(array.dtype), tuple(array.shape), array.tobytes()) + ((quant.key(),) if quant else ())
         if key not in self._constants:
             self.buffers.append(key[2])

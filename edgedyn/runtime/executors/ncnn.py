@@ -139,7 +139,7 @@ class NcnnExecutor:
             if tuple(array.shape) != (self._batch,) + item:
                 raise BundleError("input {}: shape {} is not the ({},) + {} this ncnn model was made for".format(
                     name, tuple(array.shape), self._batch, item), hint=schema.HINT)
-        items = [np.ascontiguousarray(array, dtype=np.float32) for array in inputs]
+        items = [np.asarray(array, dtype=np.float32, order="C") for array in inputs]
         results = [np.empty((self._batch,) + shape, np.float32) for shape in self._output_shapes]
         for index in range(self._batch):
             extractor = self._net.create_extractor()

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from edgedyn.runtime import profiling
+from edgedyn.runtime import profiling, sysinfo
 from edgedyn.runtime.errors import BundleError, MissingDependencyError
 
 CPU = "CPUExecutionProvider"
@@ -62,17 +62,31 @@ def session_settings(artifact: Dict[str, Any]) -> Dict[str, Any]:
     return settings
 
 
+def intra_op_threads(settings: Dict[str, Any], threads: Optional[int]) -> int:
+    """The session's thread count: the runtime's `threads`, else the board's, else one per physical core this
+    process may use.
+
+    Note: always given to onnxruntime, never left at 0. With 0, onnxruntime 1.32 takes one thread per physical core
+    of the machine and pins each pool thread to one CPU (the calling thread stays free): on a 2-core x86 VM its
+    one worker was bound to CPU 1, where it waits for any other process running there while the caller spins,
+    and under `taskset -c 0` it was bound to CPU 1 all the same. A named count pins nothing, and is what
+    onnxruntime-direct with that count runs: the one difference found between the MobileNetV4-conv-small bundle,
+    1.4-1.5x slower, and onnxruntime-direct on the same graph (benchmarks/README.md). Counted here from the CPUs
+    this process may use."""
+    count = threads or settings["intra_op_threads"]
+    return int(count) if count else sysinfo.physical_cores()
+
+
 def _session_options(ort: Any, settings: Dict[str, Any], threads: Optional[int]) -> Any:
     """SessionOptions from the checked settings; the runtime's `threads` wins over the board's thread count."""
     options = ort.SessionOptions()
     # The file holds only the portable (basic) optimizations; the layout and fusion rewrites for this CPU and
     # these providers happen here, on the board ("all" unless the board file says otherwise).
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATIONS[settings["graph_optimization"]])
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                               GRAPH_OPTIMIZATIONS[settings["graph_optimization"]])
     options.execution_mode = getattr(ort.ExecutionMode, EXECUTION_MODES[settings["execution_mode"]])
     options.log_severity_level = 3
-    count = threads or settings["intra_op_threads"]
-    if count:
-        options.intra_op_num_threads = int(count)
+    options.intra_op_num_threads = intra_op_threads(settings, threads)
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings["allow_spinning"] else "0")
     return options
 
@@ -166,6 +180,7 @@ class OnnxRuntimeExecutor:
             "providers": self._session.get_providers(),
             "providers_requested": self._requested,
             "threads": self._threads,
+            "intra_op_threads": self._session.get_session_options().intra_op_num_threads,
             "session": dict(self._settings),
         }
 

@@ -11,14 +11,14 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from edgedyn.runtime import kernels, profiling, schema
+from edgedyn.runtime import graph_schema, kernels, profiling, schema
 from edgedyn.runtime.errors import BundleError
 from edgedyn.runtime.threads import PerThread
 
-# The graph.json format this executor reads (checked in runtime/schema.py); the portable backend writes it with
+# The graph.json format this executor reads (checked in runtime/graph_schema.py); the portable backend writes it with
 # these constants.
-GRAPH_FORMAT = schema.PORTABLE_FORMAT
-GRAPH_FORMAT_VERSION = schema.PORTABLE_VERSION
+GRAPH_FORMAT = graph_schema.PORTABLE_FORMAT
+GRAPH_FORMAT_VERSION = graph_schema.PORTABLE_VERSION
 
 
 def _arena_limit(artifact: Dict[str, Any]) -> int:
@@ -65,7 +65,7 @@ class _Arena:
         dtype = next(o for o in outs if o is not None).dtype
         args = self._decode(step["args"])
         kwargs = {key: self._decode(item) for key, item in step["kwargs"].items()}
-        schema.check_step_views(self.checker, where, step["op"], outs, args, kwargs, step["scratch"], kernels)
+        graph_schema.check_step_views(self.checker, where, step["op"], outs, args, kwargs, step["scratch"], kernels)
         scratch = [self._scratch(record, dtype) for record in step["scratch"]]
         try:
             return kernels.KERNELS[step["op"]](outs, args, kwargs, scratch)
@@ -106,7 +106,8 @@ class PortableExecutor:
                 raise BundleError("bundle {}: the portable artifact names no {} member".format(bundle.path, role))
         graph = bundle.json(files["graph"])
         self.weights = bundle.arrays(files["weights"])
-        schema.check_portable_graph(graph, bundle.path, files["graph"], self.weights, kernels, _arena_limit(artifact))
+        graph_schema.check_portable_graph(graph, bundle.path, files["graph"], self.weights, kernels,
+                                          _arena_limit(artifact))
         checker = schema.Checker(bundle.path, files["graph"])
         self._arenas = PerThread(lambda: _Arena(graph, self.weights, checker))
         self.graph = graph
