@@ -12,6 +12,7 @@ from edgedyn.passes.constant_folding import fold_constants
 from edgedyn.passes.dead_code import remove_dead_code
 from edgedyn.passes.decompose import decompose_to_core_aten, is_core_aten
 from edgedyn.passes.graph import op_count, op_histogram
+from edgedyn.passes.index_views import index_to_views
 from edgedyn.errors import EdgedynError
 
 RTOL = 1e-5
@@ -151,6 +152,37 @@ def test_fold_constants_leaves_uninitialized_memory_alone():
     gm = decompose_to_core_aten(_graph(Empty(), (3, 4)))
     gm = remove_dead_code(fold_constants(gm))
     _assert_same(Empty(), gm, (3, 4))
+
+
+class IndexByAranges(nn.Module):
+    """x[arange, arange] with broadcast aranges, as transformers reads an attention mask (padding_mask_function)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x):
+        batch, length = x.shape[0], x.shape[-1]
+        b = torch.arange(batch)[:, None, None, None]
+        k = torch.arange(length)[None, None, None, :]
+        if self.kind == "mask":  # the transformers pattern: [B, L] -> [B, 1, 1, L]
+            return x[b, k] * 2.0
+        if self.kind == "leading":  # only the first dim indexed; the trailing dims stay
+            return x[torch.arange(batch)[:, None]] + 1.0
+        if self.kind == "reversed":  # not an arange: a real gather, left alone
+            return x[b, torch.flip(k, [-1])] * 2.0
+        raise ValueError(self.kind)
+
+
+@pytest.mark.parametrize("kind, shape, rewritten", [
+    ("mask", (1, 7), True), ("mask", (3, 5), True), ("leading", (2, 3, 4), True), ("reversed", (2, 6), False)])
+def test_index_to_views_replaces_arange_gathers_with_views(kind, shape, rewritten):
+    model = IndexByAranges(kind)
+    gm = fold_constants(decompose_to_core_aten(_graph(model, shape)))
+    assert "index" in _op_names(op_histogram(gm))
+    gm = remove_dead_code(index_to_views(gm))
+    assert ("index" not in _op_names(op_histogram(gm))) == rewritten, op_histogram(gm)
+    _assert_same(model, gm, shape)
 
 
 def test_remove_dead_code_drops_unused_ops_and_their_weights():
