@@ -43,6 +43,9 @@ class Backend:
     # Its executor takes a thread count per loaded model, not for the whole process (TVM's is an environment
     # variable): `auto` may then record one thread for an artifact that runs faster so (edgedyn/selection.py).
     threads_per_model: bool = False
+    # Its executor runs every bucket of a group in one arena per thread, sized for the largest (runtime/buckets.py
+    # ArenaPool): the board-fit check counts that arena once per group.
+    shares_arena: bool = False
 
     def __post_init__(self) -> None:
         if ":" not in self.lower:
@@ -78,7 +81,7 @@ BACKENDS = {
         name="portable", lower="edgedyn.backends.portable:lower", executor="portable", devices=("cpu",),
         quantizes=False, extra="export", board_extra="", overhead_bytes=35 * MB,
         overhead_import="import edgedyn.runtime.executors.portable", general=False,
-        no_int8_reason="the portable executor computes in numpy float32",
+        no_int8_reason="the portable executor computes in numpy float32", shares_arena=True,
         summary="a JSON graph run by numpy kernels in one planned arena; needs nothing but numpy on the board"),
     "tflite": Backend(
         name="tflite", lower="edgedyn.backends.tflite:lower", executor="litert", devices=("cpu",),

@@ -12,7 +12,7 @@ from edgedyn.passes.constant_folding import fold_constants
 from edgedyn.passes.dead_code import remove_dead_code
 from edgedyn.passes.decompose import decompose_to_core_aten, is_core_aten
 from edgedyn.passes.graph import op_count, op_histogram
-from edgedyn.passes.index_views import index_to_views
+from edgedyn.passes.indexing import index_put_to_where, index_to_views
 from edgedyn.errors import EdgedynError
 
 RTOL = 1e-5

@@ -7,6 +7,7 @@ import numpy as np
 
 from edgedyn.runtime import guards as guard_checks
 from edgedyn.runtime import schema
+from edgedyn.runtime.buckets import ArenaPool, BucketDispatch, Finish
 from edgedyn.runtime.devices import gpu_unusable_reason
 from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, GuardError, MissingDependencyError,
                                     PlatformError)
@@ -88,16 +89,19 @@ class Program:
         self.manifest = bundle.manifest
         self.signature = self.manifest["signature"]  # type: List[Dict[str, Any]]
         self.specializations = [Specialization(record) for record in self.manifest["specializations"]]
-        for spec in self.specializations:
-            self._choose_artifact(spec, device, threads)
+        pools = arena_pools(self.manifest)
+        for spec in load_order(self.specializations) if pools else self.specializations:
+            self._choose_artifact(spec, device, threads, pools.get(id(spec.record)))
             # A bundle with GPU code that runs on the CPU here deserves a warning, unless the user asked for the CPU.
             has_gpu_code = any(a.get("device", "cpu") != "cpu" for a in spec.record["artifacts"])
             fell_back = has_gpu_code and spec.artifact.get("device", "cpu") == "cpu" and device != "cpu"
             log.log(logging.WARNING if fell_back else logging.INFO, "edgedyn: %s", spec.selection())
         self._fast = FastDispatch(self.signature, self.specializations)
+        self.buckets = BucketDispatch(self.manifest.get("buckets", []), self.specializations,
+                                      [param["name"] for param in self.signature])
         self.init_ms = (time.perf_counter() - started) * 1000.0
 
-    def _choose_artifact(self, spec: Specialization, device: str, threads: Optional[int]) -> None:
+    def _choose_artifact(self, spec: Specialization, device: str, threads: Optional[int], pool: Any) -> None:
         """The first artifact (GPU ones come first) that this machine can run; the reasons for the others."""
         arch = host_arch()
         artifacts = spec.record["artifacts"]
@@ -105,7 +109,7 @@ class Program:
             reason = unusable_reason(artifact, arch, device)
             if reason is None:
                 try:
-                    spec.executor = self._open(spec, artifact, threads)
+                    spec.executor = self._open(spec, artifact, threads, pool)
                     spec.artifact = artifact
                     return
                 except (MissingDependencyError, ArtifactLoadError) as error:
@@ -121,14 +125,14 @@ class Program:
             hint="use --device auto, or export again for this machine",
         )
 
-    def _open(self, spec: Specialization, artifact: Dict[str, Any], threads: Optional[int]) -> Any:
+    def _open(self, spec: Specialization, artifact: Dict[str, Any], threads: Optional[int], pool: Any) -> Any:
         """The artifact's executor. Whatever its runtime raises on the artifact's bytes (a protobuf, flatbuffer or
         TVM error) becomes an ArtifactLoadError naming the members, so the next artifact may be tried."""
         opener = executor_class(artifact["executor"])
         try:
             # the caller's thread count, else the one `auto` measured faster for this artifact, else the default
             chosen = threads if threads is not None else artifact.get("threads")
-            return opener(self.bundle, artifact, {"threads": chosen,
+            return opener(self.bundle, artifact, {"threads": chosen, "arena_pool": pool,
                                                   "declared_bytes": schema.declared_tensor_bytes(spec.record)})
         except EdgedynError:
             raise
@@ -146,9 +150,10 @@ class Program:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the matching specialization; safe to call from any number of threads at once (see threads.py)."""
-        spec, arrays = self.route(*args, **kwargs)
+        spec, arrays, finish = self.route_call(args, kwargs)
         try:
-            return build_outputs(spec.output_tree, spec.executor.run(arrays))
+            outputs = spec.executor.run(arrays)
+            return build_outputs(spec.output_tree, finish(outputs) if finish is not None else outputs)
         except EdgedynError:
             raise
         except Exception as error:  # the arguments passed every guard: the artifact itself is at fault
@@ -160,25 +165,45 @@ class Program:
 
     def route(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, List[np.ndarray]]:
         """What a call does before its executor runs: the matching specialization and the executor's input arrays
-        (GuardError when none matches). Positional arrays of the exact dtypes and shapes take the fast rules
-        (fastpath.py), decided without binding; anything else is bound and checked guard by guard."""
+        (GuardError when none matches), padded to the bucket when the call's length lies between buckets."""
+        spec, arrays, _ = self.route_call(args, kwargs)
+        return spec, arrays
+
+    def route_call(self, args: Sequence[Any], kwargs: Dict[str, Any]
+                   ) -> Tuple[Specialization, List[np.ndarray], Optional[Finish]]:
+        """route(), and how to cut the outputs back (None unless padded: runtime/buckets.py). Positional arrays of
+        the exact dtypes and shapes take the fast rules (fastpath.py), and call shapes padded before the buckets'
+        fast path, decided without binding; anything else is bound and checked guard by guard."""
         fast = None if kwargs else self._fast.match(args)
         if fast is not None:
-            return fast
-        spec, values = self.dispatch(*args, **kwargs)
-        return spec, [np.ascontiguousarray(values[name]) for name in spec.inputs]
+            return fast[0], fast[1], None
+        padded = self.buckets.fast(args, kwargs)
+        if padded is not None:
+            return padded
+        spec, values, padded = self._dispatch(self.bind(args, kwargs))
+        if padded is not None:
+            return padded
+        return spec, [np.ascontiguousarray(values[name]) for name in spec.inputs], None
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, Dict[str, Any]]:
-        """The specialization whose guards all hold for these arguments, and the bound argument values."""
-        values = self.bind(args, kwargs)
+        """The specialization whose guards all hold for these arguments (or the bucket a call between buckets is
+        padded to), and the bound argument values."""
+        spec, values, _ = self._dispatch(self.bind(args, kwargs))
+        return spec, values
+
+    def _dispatch(self, values: Dict[str, Any]) -> Tuple[Specialization, Dict[str, Any], Optional[Any]]:
         failures = []
         for spec in self.specializations:
             failure = guard_checks.first_failure(spec.guards, values)
             if failure is None:
-                return spec, values
+                return spec, values, None
             failures.append((spec.name, failure))
-        raise GuardError(_no_match_message(self.name, failures), hint=guard_checks.no_match_hint(
-            self.signature, [s.guards for s in self.specializations], values))
+        padded = self.buckets.route(values)
+        if padded is not None:
+            return padded[0], values, padded
+        hint = self.buckets.hint(values) or guard_checks.no_match_hint(
+            self.signature, [s.guards for s in self.specializations], values)
+        raise GuardError(_no_match_message(self.name, failures), hint=hint)
 
     def bind(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
         """Maps positional and keyword arguments to the captured signature, as Python would."""
@@ -239,7 +264,37 @@ class Program:
             for record, got, want in zip(spec.outputs, actual, expected):
                 results.append(dict(compare(got, want, tolerance), specialization=spec.name, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))
+        for label, spec, values, expected in self.buckets.references(self.bundle, self.reference):
+            if EXPECTED_ROLE in spec.artifact["files"]:
+                continue  # int8 differs from torch eager by design: its own outputs are checked above
+            actual = flatten_outputs(spec.output_tree, self(**values))
+            tolerance = spec.artifact.get("tolerance", FP32_TOLERANCE)
+            for record, got, want in zip(spec.outputs, actual, expected):
+                results.append(dict(compare(got, want, tolerance), specialization=label, output=record["name"],
+                                    artifact=spec.artifact["backend"], against="torch eager on the unpadded call"))
         return results
+
+
+def load_order(specializations: List[Specialization]) -> List[Specialization]:
+    """The order executors are opened in: largest declared arena first, so a pool shared by buckets
+    (arena_pools) is allocated once at its final size."""
+    def arena(spec: Specialization) -> int:
+        memory = spec.record.get("memory")
+        size = memory.get("arena_bytes") if isinstance(memory, dict) else None
+        return size if isinstance(size, int) and not isinstance(size, bool) else 0
+    return sorted(specializations, key=lambda spec: -arena(spec))
+
+
+def arena_pools(manifest: Dict[str, Any]) -> Dict[int, Any]:
+    """One ArenaPool per bucket group, keyed by the id of each member specialization's record: the executors that
+    can (portable) run every bucket of a group in one arena per thread (calls in one thread never overlap)."""
+    pools = {}  # type: Dict[int, Any]
+    records = manifest["specializations"]
+    for group in manifest.get("buckets", []):
+        pool = ArenaPool()
+        for index in group["specializations"]:
+            pools[id(records[index])] = pool
+    return pools
 
 
 def check_threads(threads: Any) -> None:

@@ -53,7 +53,41 @@ def gather(ctx: Lowering, node: Any, x: Value, dim: int, index: Value, sparse_gr
     return ctx.emit("GATHER", inputs, shape, None, "GatherOptions", x.dtype, axis=dim, batch_dims=dim)
 
 
+def div_mode(ctx: Lowering, node: Any, a: Any, b: Any, rounding_mode: Any = None) -> Value:
+    """Integer floor division (transformers' audio models: frame counts `(n - kernel) // stride`): FLOOR_DIV, in
+    int32 since LiteRT has no int64 kernel for it (exact for the lengths and counts it computes, below 2**31)."""
+    dtype = _np_dtype(node.meta["val"].dtype)
+    if rounding_mode != "floor" or dtype.kind not in "iu":
+        from edgedyn.backends.tflite.ops.elementwise import div
+
+        return div(ctx, node, a, b, rounding_mode)
+    from edgedyn.backends.tflite.ops.elementwise import binary
+
+    narrow = [cast(ctx, v, np.int32) if isinstance(v, Value) else int(v) for v in (a, b)]
+    quotient = binary(ctx, "FLOOR_DIV", narrow[0], narrow[1], list(node.meta["val"].shape), "FloorDivOptions",
+                      np.int32)
+    return cast(ctx, quotient, dtype)
+
+
+def flip(ctx: Lowering, node: Any, x: Value, dims: Any) -> Value:
+    """REVERSE_V2 along the stored positions of the flipped torch dims (the layout stays)."""
+    axes = sorted(x.perm.index(int(d) % x.rank) for d in dims)
+    return ctx.emit("REVERSE_V2", [ctx.tensor(x), ctx.writer.constant(np.asarray(axes, np.int32))], x.shape, x.perm,
+                    "ReverseV2Options", x.dtype)
+
+
+def repeat(ctx: Lowering, node: Any, x: Value, repeats: Any) -> Value:
+    """TILE in torch order (leading size-1 dims added first, as torch does for extra repeats)."""
+    shape = list(node.meta["val"].shape)
+    source = ctx.lift(x, len(repeats))
+    return ctx.emit("TILE", [ctx.torch_order(source), ctx.writer.constant(np.asarray(repeats, np.int32))], shape,
+                    None, "TileOptions", x.dtype)
+
+
 CONVERTERS = {
+    aten.div.Tensor_mode: div_mode,
+    aten.flip.default: flip,
+    aten.repeat.default: repeat,
     aten._to_copy.default: to_copy,
     aten.cumsum.default: cumsum,
     aten.gather.default: gather,

@@ -1,0 +1,415 @@
+"""Buckets on the board: a call whose length falls between two exported sizes is padded to the next one, run, and
+its outputs sliced back to the valid part.
+
+The manifest's `buckets` lists groups of specializations that differ only in one dimension of some inputs:
+    {"inputs": {"input_ids": 1, "attention_mask": 1}, "sizes": [16, 32, 64], "specializations": [0, 1, 2],
+     "source": "--input 'input_ids=1x{16,32,64}:int64' ...",
+     "padding": {"side": "right", "values": {"input_ids": 0, "attention_mask": 0}, "min_length": 1,
+                 "outputs": [{"name": "logits", "axes": []},
+                             {"name": "last_hidden_state", "axes": [{"axis": 1, "scale": 1, "offset": 0, "divisor": 1}]}],
+                 "source": "--pad input_ids=0,attention_mask=0", "proof": {...}}}
+Without `padding` the buckets are exact shapes, dispatched by their guards like any specialization. With it, the
+export proved (frontend/padding.py) that padding to the next size leaves each output's valid part unchanged; an
+output's valid length along `axis` for a call of length L is (scale * L + offset) // divisor, and an output with no
+axes is padding-invariant as a whole.
+
+The group is itself a guard, checked in words: the largest bucket's guards with the bucketed dimensions relaxed to
+`min_length..largest`, and every bucketed input of one call the same length.
+Standard library and numpy only, Python 3.8 syntax: this file runs on the board.
+"""
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edgedyn.runtime import guards as guard_checks
+from edgedyn.runtime import schema
+from edgedyn.runtime.errors import BundleError, GuardError
+
+PAD_SIDES = ("right", "left")
+MAX_BUCKETS = 64
+MAX_RULE = 1 << 40  # any scale, offset or divisor a real length rule needs is far below this
+_CACHED_CALLS = 64  # call shapes whose padded routing the fast path remembers
+
+Specialization = Any  # edgedyn.runtime.program.Specialization (which imports this module)
+Finish = Callable[[List[np.ndarray]], List[np.ndarray]]
+Routed = Tuple[Specialization, List[np.ndarray], Finish]
+
+
+# --- the manifest's `buckets`, checked before anything is built from it ---
+
+def check_buckets(c: schema.Checker, manifest: Dict[str, Any]) -> None:
+    """Raises BundleError unless every bucket group names real tensor inputs and specializations whose shapes hold
+    its sizes, and its padding rules are numbers in range."""
+    groups = c.items(manifest.get("buckets", []), "buckets")
+    specs = manifest["specializations"]
+    tensors = [p["name"] for p in manifest["signature"] if p.get("kind") == "tensor"]
+    claimed = set()  # type: set
+    for number, group in enumerate(groups):
+        where = "buckets[{}]".format(number)
+        c.obj(group, where, ("inputs", "sizes", "specializations", "source"))
+        c.text(group["source"], where + ".source")
+        inputs = c.obj(group["inputs"], where + ".inputs")
+        if not inputs:
+            raise c.fail(where + ".inputs", "no input is bucketed")
+        for name, axis in inputs.items():
+            c.text(name, where + ".inputs", tensors)
+            c.integer(axis, "{}.inputs.{}".format(where, schema.short(name)), 0, schema.MAX_RANK - 1)
+        sizes = [c.integer(s, "{}.sizes[{}]".format(where, i), 1) for i, s in enumerate(
+            c.items(group["sizes"], where + ".sizes"))]
+        if not sizes or len(sizes) > MAX_BUCKETS or sizes != sorted(set(sizes)):
+            raise c.fail(where + ".sizes", "expected 1 to {} increasing sizes, got {}".format(
+                MAX_BUCKETS, schema.bounded(sizes)))
+        indices = c.items(group["specializations"], where + ".specializations", len(sizes))
+        for i, (index, size) in enumerate(zip(indices, sizes)):
+            at = "{}.specializations[{}]".format(where, i)
+            c.integer(index, at, 0, len(specs) - 1)
+            if index in claimed:
+                raise c.fail(at, "specialization {} is in two bucket groups, or twice in one".format(index))
+            claimed.add(index)
+            shapes = {record["name"]: record["shape"] for record in specs[index]["inputs"]}
+            for name, axis in inputs.items():
+                if name not in shapes or axis >= len(shapes[name]) or shapes[name][axis] != size:
+                    raise c.fail(at, "specialization {} does not take input '{}' with dim {} of size {}".format(
+                        index, schema.short(name), axis, size))
+        if "padding" in group:
+            outputs = len(specs[indices[0]]["outputs"])
+            ranks = [len(record["shape"]) for record in specs[indices[-1]]["outputs"]]
+            _check_padding(c, group["padding"], where + ".padding", inputs, sizes, outputs, ranks, manifest["members"])
+
+
+def _check_padding(c: schema.Checker, padding: Any, where: str, inputs: Dict[str, int], sizes: List[int],
+                   outputs: int, ranks: List[int], members: Dict[str, Any]) -> None:
+    c.obj(padding, where, ("side", "values", "min_length", "outputs", "source"))
+    c.text(padding["side"], where + ".side", PAD_SIDES)
+    c.text(padding["source"], where + ".source")
+    values = c.obj(padding["values"], where + ".values")
+    if sorted(values) != sorted(inputs):
+        raise c.fail(where + ".values", "pads {}, the group buckets {}".format(
+            schema.bounded(sorted(values)), schema.bounded(sorted(inputs))))
+    for name, value in values.items():
+        if isinstance(value, float) and not np.isfinite(value) or not isinstance(value, (bool, int, float)):
+            raise c.fail("{}.values.{}".format(where, schema.short(name)), "expected a finite number, got {}".format(
+                schema.short(value)))
+    c.integer(padding["min_length"], where + ".min_length", 1, sizes[-1])
+    for index, record in enumerate(c.items(padding["outputs"], where + ".outputs", outputs)):
+        at = "{}.outputs[{}]".format(where, index)
+        c.obj(record, at, ("name", "axes"))
+        c.text(record["name"], at + ".name")
+        axes = c.items(record["axes"], at + ".axes")
+        for number, rule in enumerate(axes):
+            rule_at = "{}.axes[{}]".format(at, number)
+            c.obj(rule, rule_at, ("axis", "scale", "offset", "divisor"))
+            c.integer(rule["axis"], rule_at + ".axis", 0, max(ranks[index] - 1, 0) if index < len(ranks) else 0)
+            c.integer(rule["scale"], rule_at + ".scale", 0, MAX_RULE)
+            c.integer(rule["offset"], rule_at + ".offset", -MAX_RULE, MAX_RULE)
+            c.integer(rule["divisor"], rule_at + ".divisor", 1, MAX_RULE)
+        if len({rule["axis"] for rule in axes}) != len(axes):
+            raise c.fail(at + ".axes", "an axis is listed twice")
+    if "reference" in padding:  # proven padded calls that `verify` runs again
+        c.member_name(padding["reference"], where + ".reference", members)
+        lengths = c.items(padding.get("reference_lengths"), where + ".reference_lengths")
+        if len(lengths) > len(sizes):
+            raise c.fail(where + ".reference_lengths", "more calls than buckets")
+        for index, length in enumerate(lengths):
+            c.integer(length, "{}.reference_lengths[{}]".format(where, index), padding["min_length"], sizes[-1])
+    if "proof" in padding:  # what inspect shows
+        probes = c.items(c.obj(padding["proof"], where + ".proof", ("probes",))["probes"], where + ".proof.probes")
+        for index, probe in enumerate(probes):
+            at = "{}.proof.probes[{}]".format(where, index)
+            c.obj(probe, at, ("size", "length", "outputs"))
+            c.integer(probe["size"], at + ".size", 1)
+            c.integer(probe["length"], at + ".length", 1)
+            for number, result in enumerate(c.items(probe["outputs"], at + ".outputs")):
+                result_at = "{}.outputs[{}]".format(at, number)
+                c.obj(result, result_at, ("name", "max_abs", "max_rel"))
+                c.text(result["name"], result_at + ".name")
+                c.number(result["max_abs"], result_at + ".max_abs")
+                c.number(result["max_rel"], result_at + ".max_rel")
+
+
+# --- the words for inspect and the docs ---
+
+def describe_rule(rule: Dict[str, Any]) -> str:
+    """An output axis's valid length as a person reads it: `dim 1: L`, `dim 1: (L - 400) // 320`."""
+    scale, offset, divisor = rule["scale"], rule["offset"], rule["divisor"]
+    text = "L" if scale == 1 else "{}*L".format(scale)
+    if offset:
+        text = "{} {} {}".format(text, "+" if offset > 0 else "-", abs(offset))
+    if divisor != 1:
+        text = "({}) // {}".format(text, divisor) if offset else "{} // {}".format(text, divisor)
+    return "dim {}: {}".format(rule["axis"], text)
+
+
+def describe_outputs(padding: Dict[str, Any]) -> List[str]:
+    """Per output, how a padded call's output is cut back: `logits: whole (padding-invariant)`."""
+    lines = []
+    for record in padding["outputs"]:
+        if record["axes"]:
+            lines.append("{}: sliced to {}".format(record["name"], ", ".join(describe_rule(r) for r in record["axes"])))
+        else:
+            lines.append("{}: whole (padding-invariant)".format(record["name"]))
+    return lines
+
+
+# --- dispatch ---
+
+class BucketGroup:
+    """One group of the manifest, over the loaded specializations: pads a call to the next size and slices back."""
+
+    def __init__(self, record: Dict[str, Any], specializations: Sequence[Specialization]) -> None:
+        self.record = record
+        self.inputs = dict(record["inputs"])  # type: Dict[str, int]
+        self.sizes = list(record["sizes"])  # type: List[int]
+        self.specs = [specializations[i] for i in record["specializations"]]
+        self.padding = record.get("padding")  # type: Optional[Dict[str, Any]]
+        self.source = record["source"]  # type: str
+        # The group's guard: the largest bucket's guards, less the bucketed dims (checked against the sizes instead).
+        self.relaxed = [g for g in self.specs[-1].guards
+                        if not (g["kind"] == "dim" and self.inputs.get(g["input"]) == g["index"])]
+
+    def holds(self, values: Dict[str, Any]) -> bool:
+        """Whether the call is this group's but for the bucketed length: every other guard holds."""
+        return guard_checks.first_failure(self.relaxed, values) is None
+
+    def length(self, values: Dict[str, Any]) -> int:
+        """The call's length along the bucketed dims; every bucketed input must agree."""
+        lengths = {name: int(values[name].shape[axis]) for name, axis in self.inputs.items()}
+        if len(set(lengths.values())) > 1:
+            raise GuardError("the bucketed inputs must have one length, got {}".format(", ".join(
+                "'{}' dim {} = {}".format(name, self.inputs[name], size) for name, size in lengths.items())),
+                hint="pad or cut them together (a tokenizer gives input_ids and attention_mask the same length)")
+        return next(iter(lengths.values()))
+
+    def bucket(self, length: int) -> int:
+        """The index of the smallest size that holds `length`; a GuardError in words when none does."""
+        for index, size in enumerate(self.sizes):
+            if length <= size:
+                if self.padding is not None and length < self.padding["min_length"]:
+                    raise GuardError("{} length {} is below {}, the shortest this model takes (its outputs would "
+                                     "be empty)".format(self._named(), length, self.padding["min_length"]),
+                                     hint="pass at least {} (pad on your side if needed)".format(
+                                         self.padding["min_length"]))
+                return index
+        raise GuardError("{} length {} is above the largest bucket, {}".format(self._named(), length, self.sizes[-1]),
+                         hint="cut the input to {}, or export again adding a bucket: {}".format(
+                             self.sizes[-1], self.adding(length)))
+
+    def _named(self) -> str:
+        return ", ".join("'{}' dim {}".format(name, axis) for name, axis in self.inputs.items())
+
+    def adding(self, length: int) -> str:
+        """The --input options of this group with `length` added to the sizes."""
+        sizes = ",".join(str(s) for s in sorted(set(self.sizes + [length])))
+        shapes = {record["name"]: record for record in self.specs[-1].record["inputs"]}
+        options = []
+        for name, axis in self.inputs.items():
+            shape = ["{" + sizes + "}" if i == axis else str(d) for i, d in enumerate(shapes[name]["shape"])]
+            dtype = shapes[name]["dtype"]
+            options.append("--input '{}={}{}'".format(name, "x".join(shape), "" if dtype == "float32" else ":" + dtype))
+        return " ".join(options) + (" " + self.padding["source"] if self.padding is not None else "")
+
+    def route(self, values: Dict[str, Any]) -> Optional[Routed]:
+        """(the bucket's specialization, its padded executor inputs, how to slice its outputs back) for a call this
+        group serves by padding; None when the call is not this group's or the group does not pad."""
+        if self.padding is None or not self.holds(values):
+            return None
+        length = self.length(values)
+        index = self.bucket(length)
+        spec = self.specs[index]
+        arrays = []
+        for name in spec.inputs:
+            value = values[name]
+            arrays.append(self.pad(value, name, self.sizes[index]) if name in self.inputs else
+                          np.ascontiguousarray(value))
+        failure = guard_checks.first_failure(spec.guards, dict(values, **dict(zip(spec.inputs, arrays))))
+        if failure is not None:  # the relaxed guards held, so this is an edited bundle or a bug: say what failed
+            raise GuardError("{} padded to {} fails its own guards: {}".format(self._named(), self.sizes[index],
+                                                                               failure))
+        return spec, arrays, self.slicer(length)
+
+    def pad(self, value: np.ndarray, name: str, size: int) -> np.ndarray:
+        """`value` with its bucketed dim filled up to `size` by the pad value (on the recorded side)."""
+        axis = self.inputs[name]
+        length = value.shape[axis]
+        if length == size:
+            return np.ascontiguousarray(value)
+        shape = list(value.shape)
+        shape[axis] = size
+        padded = np.empty(shape, value.dtype)
+        valid = [slice(None)] * value.ndim
+        filler = [slice(None)] * value.ndim
+        if self.padding["side"] == "right":
+            valid[axis], filler[axis] = slice(0, length), slice(length, size)
+        else:
+            valid[axis], filler[axis] = slice(size - length, size), slice(0, size - length)
+        padded[tuple(valid)] = value
+        padded[tuple(filler)] = self.padding["values"][name]
+        return padded
+
+    def slicer(self, length: int) -> Finish:
+        """Cuts each output to the part a call of `length` would have given (outputs without axes stay whole)."""
+        right = self.padding["side"] == "right"
+        cuts = [{rule["axis"]: max(0, (rule["scale"] * length + rule["offset"]) // rule["divisor"])
+                 for rule in record["axes"]} for record in self.padding["outputs"]]
+
+        def finish(outputs: List[np.ndarray]) -> List[np.ndarray]:
+            done = []
+            for output, cut in zip(outputs, cuts):
+                if not cut:
+                    done.append(output)
+                    continue
+                index = [slice(None)] * output.ndim
+                for axis, valid in cut.items():
+                    extent = output.shape[axis]
+                    valid = min(valid, extent)
+                    index[axis] = slice(0, valid) if right else slice(extent - valid, extent)
+                done.append(np.ascontiguousarray(output[tuple(index)]))
+            return done
+        return finish
+
+
+class BucketDispatch:
+    """Every bucket group of a program: the padded route of a call, fast for call shapes seen before.
+
+    Note: the fast path remembers, per call shape (each argument's dtype and shape, or a constant's type and value:
+    all the guards read), which group and bucket the general path chose, and repeats only the padding; a shape it
+    has not seen takes the general path, which checks every guard. The memory is bounded and its updates are single
+    dict operations, safe from several threads.
+    """
+
+    def __init__(self, records: Sequence[Dict[str, Any]], specializations: Sequence[Specialization],
+                 names: Sequence[str]) -> None:
+        self.groups = [BucketGroup(record, specializations) for record in records]
+        self._names = list(names)
+        self._padded = [group for group in self.groups if group.padding is not None]
+        self._seen = {}  # type: Dict[Tuple[Any, ...], Tuple[BucketGroup, int, int]]
+        self._lock = threading.Lock()
+
+    def fast(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> Optional[Routed]:
+        """The padded route of a call whose shapes were routed before; None otherwise (take the general path)."""
+        if not self._padded:
+            return None
+        values = self._values(args, kwargs)
+        if values is None:
+            return None
+        key = _key(values)
+        seen = self._seen.get(key) if key is not None else None
+        if seen is None:
+            return None
+        group, index, length = seen
+        spec = group.specs[index]
+        size = group.sizes[index]
+        bound = dict(zip(self._names, values))
+        arrays = [group.pad(bound[name], name, size) if name in group.inputs else np.ascontiguousarray(bound[name])
+                  for name in spec.inputs]
+        return spec, arrays, group.slicer(length)
+
+    def route(self, values: Dict[str, Any]) -> Optional[Routed]:
+        """The padded route of bound arguments that no specialization takes as they are (GuardError in words when
+        a padding group holds the call but cannot serve its length); remembered for the fast path."""
+        for group in self._padded:
+            routed = group.route(values)
+            if routed is None:
+                continue
+            key = _key([values[name] for name in self._names]) if all(n in values for n in self._names) else None
+            if key is not None:
+                with self._lock:
+                    if len(self._seen) >= _CACHED_CALLS:
+                        self._seen.clear()
+                    self._seen[key] = (group, group.specs.index(routed[0]), group.length(values))
+            return routed
+        return None
+
+    def references(self, bundle: Any, reference: Callable[[Specialization], Tuple[Dict[str, Any], Any]]
+                   ) -> List[Tuple[str, Specialization, Dict[str, Any], List[np.ndarray]]]:
+        """The padded calls proven at export, to run again (`verify`): (label, the bucket's specialization, the call's
+        arguments, torch eager's outputs on the unpadded call). `reference(spec)` gives a bucket's exported
+        arguments, which supply the inputs that are not bucketed."""
+        calls = []
+        for group in self._padded:
+            member = group.padding.get("reference")
+            if member is None:
+                continue
+            arrays = bundle.arrays(member)
+            for index, length in enumerate(group.padding["reference_lengths"]):
+                spec = group.specs[group.bucket(length)]
+                values = dict(reference(spec)[0])
+                wanted = ["{}.input.{}".format(index, name) for name in group.inputs] + [
+                    "{}.output.{}".format(index, i) for i in range(len(spec.outputs))]
+                missing = [name for name in wanted if name not in arrays]
+                if missing:
+                    raise BundleError("bundle member {} lacks arrays {}".format(member, schema.bounded(missing)),
+                                      hint=schema.HINT)
+                values.update({name: arrays["{}.input.{}".format(index, name)] for name in group.inputs})
+                calls.append(("{} padded from {}".format(spec.name, length), spec, values,
+                              [arrays["{}.output.{}".format(index, i)] for i in range(len(spec.outputs))]))
+        return calls
+
+    def hint(self, values: Dict[str, Any]) -> Optional[str]:
+        """For a call no specialization takes: what the bucket groups say about it (None when they do not hold it)."""
+        for group in self.groups:
+            if not group.holds(values):
+                continue
+            try:
+                length = group.length(values)
+            except GuardError as error:
+                return error.message
+            if length > group.sizes[-1]:
+                return "export again adding a bucket: {}".format(group.adding(length))
+            if group.padding is None:
+                return ("its buckets {} are exact shapes (exported without --pad): pass one of those lengths, or "
+                        "export again with --pad {} to pad the lengths between them".format(
+                            group.sizes, ",".join("{}=0".format(name) for name in group.inputs)))
+        return None
+
+    def _values(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> Optional[List[Any]]:
+        if len(args) + len(kwargs) != len(self._names) or len(args) > len(self._names):
+            return None
+        values = list(args)
+        for name in self._names[len(args):]:
+            if name not in kwargs:
+                return None
+            values.append(kwargs[name])
+        return values
+
+
+class ArenaPool:
+    """One arena buffer per thread, shared by the executors of a bucket group that plan one (portable): a thread
+    runs one call at a time, so the buckets' intermediates never live at once, and the largest bucket's arena serves
+    them all. Executors reserve their size when they load (largest first, program.load_order), so each thread
+    allocates its buffer once, at the final size."""
+
+    ALIGNMENT = 4096  # a multiple of any alignment a portable graph may ask for (runtime/schema.py)
+
+    def __init__(self) -> None:
+        self.capacity = 0
+        self._local = threading.local()
+
+    def reserve(self, nbytes: int) -> None:
+        self.capacity = max(self.capacity, int(nbytes))
+
+    def get(self, nbytes: int) -> np.ndarray:
+        """This thread's buffer (at least `nbytes`, 4096-aligned); a larger one replaces it if a later executor
+        reserved more (views over the old one keep it alive: correct, only not shared)."""
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None or buffer.nbytes < max(nbytes, self.capacity):
+            size = max(nbytes, self.capacity)
+            raw = np.zeros(size + self.ALIGNMENT, np.uint8)
+            start = (-raw.ctypes.data) % self.ALIGNMENT
+            buffer = raw[start:start + size]
+            self._local.buffer = buffer
+        return buffer
+
+
+def _key(values: Sequence[Any]) -> Optional[Tuple[Any, ...]]:
+    """What the guards read of a call: each array's dtype and shape, each constant's type and value."""
+    key = []  # type: List[Any]
+    for value in values:
+        if type(value) is np.ndarray:
+            key.append((value.dtype.str, value.shape))
+        elif type(value) in (int, float, bool):
+            key.append((type(value), value))
+        else:
+            return None
+    return tuple(key)
