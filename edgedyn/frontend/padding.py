@@ -335,7 +335,7 @@ def _first_changed_module(captured: Any, spec: Any, unpadded: Tensors, padded: T
             if len(calls) < 20000:
                 calls.append((name, _flat(args) + _flat(kwargs), _flat(output)))
         handles = [m.register_forward_hook(lambda mod, a, k, o, n=n: hook(mod, a, k, o, n), with_kwargs=True)
-                   for n, m in model.named_modules() if n]
+                   for n, m in model.named_modules()]
         try:
             _eager(captured, spec, tensors)
         except Exception:
@@ -349,6 +349,8 @@ def _first_changed_module(captured: Any, spec: Any, unpadded: Tensors, padded: T
         if name != other:
             return None  # the two runs took different paths: no call-by-call comparison
         if _same(inputs_a, inputs_b, side) and not _same(outputs_a, outputs_b, side):
+            if not name:  # the model itself: an op in its own forward, between its submodules
+                return "{}.forward itself, outside its submodules".format(type(model).__name__)
             return "{} ({})".format(name, classes.get(name, "?"))
     return None
 

@@ -157,9 +157,11 @@ def describe_outputs(padding: Dict[str, Any]) -> List[str]:
 class BucketGroup:
     """One group of the manifest, over the loaded specializations: pads a call to the next size and slices back."""
 
-    def __init__(self, record: Dict[str, Any], specializations: Sequence[Specialization]) -> None:
+    def __init__(self, record: Dict[str, Any], specializations: Sequence[Specialization],
+                 names: Sequence[str]) -> None:
         self.record = record
-        self.inputs = dict(record["inputs"])  # type: Dict[str, int]
+        # in the signature's order (the manifest's JSON keys are sorted)
+        self.inputs = {name: record["inputs"][name] for name in names if name in record["inputs"]}  # type: Dict[str, int]
         self.sizes = list(record["sizes"])  # type: List[int]
         self.specs = [specializations[i] for i in record["specializations"]]
         self.padding = record.get("padding")  # type: Optional[Dict[str, Any]]
@@ -280,7 +282,7 @@ class BucketDispatch:
 
     def __init__(self, records: Sequence[Dict[str, Any]], specializations: Sequence[Specialization],
                  names: Sequence[str]) -> None:
-        self.groups = [BucketGroup(record, specializations) for record in records]
+        self.groups = [BucketGroup(record, specializations, names) for record in records]
         self._names = list(names)
         self._padded = [group for group in self.groups if group.padding is not None]
         self._seen = {}  # type: Dict[Tuple[Any, ...], Tuple[BucketGroup, int, int]]
@@ -346,6 +348,30 @@ class BucketDispatch:
                               [arrays["{}.output.{}".format(index, i)] for i in range(len(spec.outputs))]))
         return calls
 
+    def example(self, length: int, reference: Callable[[Specialization], Tuple[Dict[str, Any], Any]],
+                rng: Any) -> Dict[str, Any]:
+        """Arguments of `length` on the first group's bucketed dims (random: floats normal, ids 1..9, masks ones),
+        the rest as the largest bucket was exported, for timing a padded call."""
+        if not self.groups:
+            raise GuardError("this bundle has no buckets, so no length to choose",
+                             hint="time it without --length, or export with sizes in braces: --input 'x=1x{16,32}'")
+        group = self.groups[0]
+        values = dict(reference(group.specs[-1])[0])
+        shapes = {record["name"]: record for record in group.specs[-1].record["inputs"]}
+        for name, axis in group.inputs.items():
+            shape = list(shapes[name]["shape"])
+            shape[axis] = length
+            dtype = np.dtype(shapes[name]["dtype"])
+            if "mask" in name.lower() and dtype.kind in "biu":
+                values[name] = np.ones(shape, dtype)
+            elif dtype.kind in "iu":
+                values[name] = rng.integers(1, 10, size=shape).astype(dtype)
+            elif dtype == np.bool_:
+                values[name] = rng.integers(0, 2, size=shape).astype(np.bool_)
+            else:
+                values[name] = rng.standard_normal(size=shape).astype(dtype)
+        return values
+
     def hint(self, values: Dict[str, Any]) -> Optional[str]:
         """For a call no specialization takes: what the bucket groups say about it (None when they do not hold it)."""
         for group in self.groups:
@@ -372,6 +398,19 @@ class BucketDispatch:
                 return None
             values.append(kwargs[name])
         return values
+
+
+def typical_lengths(group: Dict[str, Any]) -> List[Tuple[int, int]]:
+    """(bucket size, a length it serves) per bucket: halfway between the bucket below (or the shortest length) and
+    it when the group pads, else the size itself."""
+    padding = group.get("padding")
+    below = padding["min_length"] - 1 if padding is not None else 0
+    pairs = []
+    for size in group["sizes"]:
+        length = (below + 1 + size) // 2 if padding is not None and below + 1 < size else size
+        pairs.append((size, max(length, 1)))
+        below = size
+    return pairs
 
 
 class ArenaPool:
