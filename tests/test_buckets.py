@@ -18,7 +18,7 @@ from edgedyn.errors import CaptureError
 from edgedyn.frontend.buckets import expand_buckets, parse_pad
 from edgedyn.frontend.inputs import Buckets, TensorSpec, parse_input_options, parse_value
 from edgedyn.frontend.padding import PaddingRefused, _affine
-from edgedyn.runtime import buckets as runtime_buckets
+from edgedyn.runtime import bucket_schema
 from edgedyn.runtime import schema
 from edgedyn.runtime.errors import BundleError, GuardError
 
@@ -375,7 +375,7 @@ def test_the_manifest_buckets_are_checked_before_use(tokens_bundle, edit, messag
     manifest = _manifest(tokens_bundle)
     edit(manifest["buckets"][0])
     with pytest.raises(BundleError, match=message):
-        runtime_buckets.check_buckets(schema.Checker("t.edgedyn", "manifest.json"), manifest)
+        bucket_schema.check_buckets(schema.Checker("t.edgedyn", "manifest.json"), manifest)
 
 
 # --- the command line ---

@@ -203,8 +203,8 @@ _TIMED_ROWS = ("load + init", "first inference", "iterations", "latency min / me
 
 
 def _bench_buckets(bundle: Path, config: Any, json_path: Optional[str], elsewhere: bool) -> None:
-    """`--buckets`: one benchmark per bucket, a row each (runtime/bench.py run_bucket_benchmarks)."""
-    from edgedyn.runtime.bench import run_bucket_benchmarks
+    """`--buckets`: one benchmark per bucket, a row each (runtime/bench_buckets.py)."""
+    from edgedyn.runtime.bench_buckets import run_bucket_benchmarks
 
     if elsewhere:
         raise EdgedynError("--buckets runs here only", hint="on an emulated or remote board, time one bucket at a "

@@ -83,7 +83,7 @@ def inspect_command(
 
 def _buckets(group: Dict[str, Any]) -> None:
     """A bucket group: which dims, the sizes, and the padding rules with their proof (docs/buckets.md)."""
-    from edgedyn.runtime.buckets import describe_outputs
+    from edgedyn.runtime.bucket_schema import describe_outputs
 
     dims = ", ".join("{} dim {}".format(name, axis) for name, axis in group["inputs"].items())
     out.print("buckets    {}: {}  ({})".format(dims, ", ".join(map(str, group["sizes"])), group["source"]))

@@ -13,7 +13,7 @@ import numpy as np
 
 from edgedyn.errors import CaptureError
 from edgedyn.frontend.inputs import Buckets, InputSet
-from edgedyn.runtime.buckets import PAD_SIDES
+from edgedyn.runtime.bucket_schema import PAD_SIDES
 
 PadValue = Union[int, float, bool]
 

@@ -277,29 +277,6 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
     return report
 
 
-def run_bucket_benchmarks(path: str, config: BenchConfig, on_progress: Optional[OnProgress] = None,
-                          clock: Clock = time.perf_counter) -> Dict[str, Any]:
-    """One benchmark per bucket, each at a length between the one below and it (padded, then sliced back), or at
-    the bucket's own size where no length lies between: what each bucket costs, dispatch included."""
-    from edgedyn.runtime.format import Bundle
-    from edgedyn.runtime.buckets import typical_lengths
-
-    manifest = Bundle(path).manifest
-    if not manifest.get("buckets"):
-        raise EdgedynError("bundle {} has no buckets".format(path),
-                           hint="export with bucket sizes, e.g. --input 'input_ids=1x{16,32,64}:int64' --pad "
-                                "input_ids=0; or time it without --buckets")
-    reports = []
-    for size, length in typical_lengths(manifest["buckets"][0]):
-        config_at = BenchConfig(**dict({k: getattr(config, k) for k in config.__dataclass_fields__ if k != "rule"},
-                                       length=length))
-        report = run_benchmark(path, config_at, on_progress, clock)
-        report["bucket"] = {"size": size, "length": length}
-        reports.append(report)
-    return {"model": reports[0]["model"], "board": reports[0]["board"], "bundle": str(path),
-            "backend": reports[0]["backend"], "buckets": reports}
-
-
 def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float, guard_ms: float,
                 call: Optional[Callable[[], Any]] = None, clock: Clock = time.perf_counter) -> Dict[str, Any]:
     """The executor's per-operator times over `runs` calls, summed into benchmark_model's tables

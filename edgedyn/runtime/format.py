@@ -21,7 +21,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgedyn.runtime import buckets, schema, signing
+from edgedyn.runtime import bucket_schema, schema, signing
 from edgedyn.runtime.errors import BundleError, ChecksumError
 
 FORMAT_NAME = "edgedyn-bundle"
@@ -355,7 +355,7 @@ def _parse_manifest(data: bytes, path: Path) -> Dict[str, Any]:
                 schema.short(producer.get("edgedyn", "unknown") if isinstance(producer, dict) else "unknown")),
         )
     manifest = schema.check_manifest(manifest, path, MANIFEST_NAME)
-    buckets.check_buckets(schema.Checker(path, MANIFEST_NAME), manifest)
+    bucket_schema.check_buckets(schema.Checker(path, MANIFEST_NAME), manifest)
     return manifest
 
 

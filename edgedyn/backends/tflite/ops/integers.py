@@ -53,22 +53,6 @@ def gather(ctx: Lowering, node: Any, x: Value, dim: int, index: Value, sparse_gr
     return ctx.emit("GATHER", inputs, shape, None, "GatherOptions", x.dtype, axis=dim, batch_dims=dim)
 
 
-def div_mode(ctx: Lowering, node: Any, a: Any, b: Any, rounding_mode: Any = None) -> Value:
-    """Integer floor division (transformers' audio models: frame counts `(n - kernel) // stride`): FLOOR_DIV, in
-    int32 since LiteRT has no int64 kernel for it (exact for the lengths and counts it computes, below 2**31)."""
-    dtype = _np_dtype(node.meta["val"].dtype)
-    if rounding_mode != "floor" or dtype.kind not in "iu":
-        from edgedyn.backends.tflite.ops.elementwise import div
-
-        return div(ctx, node, a, b, rounding_mode)
-    from edgedyn.backends.tflite.ops.elementwise import binary
-
-    narrow = [cast(ctx, v, np.int32) if isinstance(v, Value) else int(v) for v in (a, b)]
-    quotient = binary(ctx, "FLOOR_DIV", narrow[0], narrow[1], list(node.meta["val"].shape), "FloorDivOptions",
-                      np.int32)
-    return cast(ctx, quotient, dtype)
-
-
 def flip(ctx: Lowering, node: Any, x: Value, dims: Any) -> Value:
     """REVERSE_V2 along the stored positions of the flipped torch dims (the layout stays)."""
     axes = sorted(x.perm.index(int(d) % x.rank) for d in dims)
@@ -85,7 +69,6 @@ def repeat(ctx: Lowering, node: Any, x: Value, repeats: Any) -> Value:
 
 
 CONVERTERS = {
-    aten.div.Tensor_mode: div_mode,
     aten.flip.default: flip,
     aten.repeat.default: repeat,
     aten._to_copy.default: to_copy,
