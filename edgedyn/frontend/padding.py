@@ -13,7 +13,7 @@ At export, per group (frontend/buckets.py), torch side only:
 
 The record is the manifest's `buckets[i].padding` (runtime/buckets.py reads it on the board).
 """
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
