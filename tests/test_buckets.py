@@ -378,6 +378,18 @@ def test_the_manifest_buckets_are_checked_before_use(tokens_bundle, edit, messag
         bucket_schema.check_buckets(schema.Checker("t.edgedyn", "manifest.json"), manifest)
 
 
+def test_mutated_bucket_bundles_are_refused_cleanly(tokens_bundle):
+    """The fuzz run of test_fuzz.py over a padded bundle: its manifest edits reach the bucket records, and the
+    worker's verify() runs the padded calls; nothing may crash or raise anything but an EdgedynError."""
+    from test_fuzz import _fuzz
+
+    fuzz = _fuzz()
+    records = fuzz.campaign([tokens_bundle], 40, seed=29)
+    assert {record["family"] for record in records} >= {"manifest", "zip"}
+    bad = fuzz.findings(records)
+    assert not bad, [(r["family"], r["mutation"], r["outcome"], r.get("type")) for r in bad[:10]]
+
+
 # --- the command line ---
 
 def test_cli_export_inspect_and_bench_buckets(run_cli, tmp_path):
