@@ -4,10 +4,13 @@
     python benchmarks/speed.py --models bert-tiny,two-inputs --rounds 3 --seconds 2
     python benchmarks/speed.py --models zoo:resnet18            # a model of edgedyn.zoo (when installed)
 
-Variants: edgedyn fp32 (`--backend auto` unless --edgedyn-backend says otherwise) and int8 (`--quantize int8`,
-calibrated on random inputs, gated at cosine 0.99), onnxruntime-direct (`torch.onnx.export(model, dynamo=True)`,
-default session options), onnxruntime with its transformer optimizer (encoders), ExecuTorch with XNNPACK (fp32 and
-int8 PT2E), torch eager and torch.compile. Every variant is built once by this process, then timed in its own
+Variants: edgedyn's default export (`--backend auto`, `--precision auto`: fp32 or a reduced precision that passes
+its gate, unless --edgedyn-backend says otherwise), edgedyn with `--precision fp32`, edgedyn int8 (`--quantize
+int8`, calibrated on random inputs, gated at cosine 0.99), onnxruntime-direct (`torch.onnx.export(model,
+dynamo=True)`, default session options), onnxruntime with its transformer optimizer (encoders), OpenVINO as a user
+runs it (`openvino.convert_model(model, example_input=...)`, compiled for the CPU with its default precision, which
+is bf16 on AVX512_BF16/AMX and fp16 on Arm v8.2, and again with f32), ExecuTorch with XNNPACK (fp32 and int8 PT2E),
+torch eager and torch.compile. Every variant is built once by this process, then timed in its own
 worker process (onnxruntime's spinning threads slow whatever shares a process with it), in rounds that rotate the
 order; the result is the median over rounds of each worker's median. Ratios are against onnxruntime-direct.
 JSON goes to benchmarks/results/speed-*.json. The ExecuTorch variants need `pip install 'edgedyn[bench]'`.
@@ -213,15 +216,18 @@ def prepare(variant: str, name: str, workdir: Path, args: argparse.Namespace) ->
         import edgedyn
         from edgedyn.runtime import read_manifest
 
-        options = {}  # type: Dict[str, Any]
+        options = {"precision": "fp32" if variant == "edgedyn-fp32" else "auto"}  # type: Dict[str, Any]
         if variant == "edgedyn-int8":
-            options = dict(quantize="int8", calibration=_random_samples(inputs, CALIBRATION_SAMPLES, 1),
+            options.update(quantize="int8", calibration=_random_samples(inputs, CALIBRATION_SAMPLES, 1),
                            eval_inputs=_random_samples(inputs, EVAL_SAMPLES, 2))
         path = edgedyn.export(model, inputs, board="x86-64", backend=args.edgedyn_backend,
                               output=str(base) + ".edgedyn", **options)
         task["bundle"] = str(path)
         artifact = read_manifest(path)["specializations"][0]["artifacts"][-1]
-        task["recorded"] = {"backend": artifact["backend"], "selection": artifact.get("selection")}
+        task["recorded"] = {"backend": artifact["backend"], "precision": artifact.get("precision", "fp32"),
+                            "selection": artifact.get("selection")}
+        if "accuracy" in artifact:
+            task["recorded"]["accuracy"] = [o["cosine"] for o in artifact["accuracy"]["outputs"]]
         if "quantization" in artifact:
             quantization = artifact["quantization"]
             task["recorded"]["int8"] = {
@@ -243,11 +249,31 @@ def prepare(variant: str, name: str, workdir: Path, args: argparse.Namespace) ->
             task["onnx"] = str(base) + "-optimized.onnx"
             optimized.save_model_to_file(task["onnx"])
             task["recorded"] = {"fused": {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}}
+    elif variant.startswith("openvino-"):
+        task["xml"] = _openvino(model, inputs, str(base) + ".xml")
     elif variant.startswith("executorch-"):
         task["pte"] = _executorch(model, inputs, kind, variant.endswith("int8"), str(base) + ".pte")
     elif variant not in ("torch-eager", "torch-compile"):
         raise ValueError("unknown variant {!r}".format(variant))
     return task
+
+
+def _openvino(model: Any, inputs: tuple, path: str) -> str:
+    """The model as an OpenVINO user converts it (`openvino.convert_model` from the torch module, as OpenVINO's
+    PyTorch guide shows), saved as an IR; the ONNX route when that conversion fails."""
+    import openvino
+    import torch
+
+    try:
+        with torch.no_grad():
+            converted = openvino.convert_model(model, example_input=inputs)
+    except Exception:  # the ONNX route a user falls back to
+        onnx_path = path[:-len(".xml")] + ".onnx"
+        with torch.no_grad():
+            torch.onnx.export(model, inputs, onnx_path, dynamo=True, verbose=False)
+        converted = openvino.convert_model(onnx_path)
+    openvino.save_model(converted, path)  # weights compressed to fp16, as the default save does
+    return path
 
 
 def _executorch(model: Any, inputs: tuple, kind: str, int8: bool, path: str) -> str:
@@ -313,6 +339,15 @@ def build_call(task: Dict[str, Any], threads: int) -> Tuple[Callable[[], Any], C
         # the artifact (one thread, where it measured that faster: docs/backends.md) is what runs.
         program = rt.load(task["bundle"], threads=None if threads == os.cpu_count() else threads)
         return (lambda: program(*inputs)), (lambda: _as_list(program(*inputs)))
+    if variant.startswith("openvino-"):
+        import openvino
+
+        core = openvino.Core()
+        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}  # type: Dict[str, Any]
+        if variant == "openvino-f32":
+            config["INFERENCE_PRECISION_HINT"] = "f32"
+        request = core.compile_model(core.read_model(task["xml"]), "CPU", config).create_infer_request()
+        return (lambda: request.infer(inputs)), (lambda: [np.array(v) for v in request.infer(inputs).values()])
     if variant.startswith("onnxruntime-"):
         import onnxruntime as ort
 
@@ -397,7 +432,8 @@ def run_worker(task: Dict[str, Any], workdir: Path) -> Dict[str, Any]:
 
 def cpu_features() -> List[str]:
     """The vector extensions that decide which kernels run (int8 above all: VNNI or not)."""
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "avx512_fp16",
+              "amx_int8", "asimdhp", "asimddp", "i8mm")
     try:
         flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features")))
                     .split(":", 1)[1].split())
@@ -505,13 +541,13 @@ def main() -> None:
                "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
                             "python": platform.python_version()},
                "models": {}}  # type: Dict[str, Any]
-    try:
-        import executorch  # noqa: F401
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-        results["versions"]["executorch"] = version("executorch")
-    except ImportError:
-        pass
+    for package in ("executorch", "openvino"):
+        try:
+            results["versions"][package] = version(package)
+        except PackageNotFoundError:
+            pass
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "speed-{}.json".format(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     for name in [m for m in args.models.split(",") if m]:

@@ -1,12 +1,16 @@
-"""speed.py's report: per model, each variant's time and its speed-up over onnxruntime-direct, and issue 12's bars,
+"""speed.py's report: per model, each variant's time and its speed-up over onnxruntime-direct, and the bars,
 on the median of rounds and on each variant's best round. `python benchmarks/speed.py --summarize RESULTS.json
 [MORE.json ...]` prints it for an earlier run, or for one run's models split over several files."""
 from typing import Any, Dict, List, Optional
 
-VARIANTS = ("edgedyn-fp32", "edgedyn-int8", "onnxruntime-direct", "onnxruntime-transformer-optimizer",
-            "executorch-xnnpack-fp32", "executorch-xnnpack-int8", "torch-eager", "torch-compile")
-FP32_PEERS = ("onnxruntime-direct", "onnxruntime-transformer-optimizer", "executorch-xnnpack-fp32", "torch-eager",
-              "torch-compile")
+VARIANTS = ("edgedyn-default", "edgedyn-fp32", "edgedyn-int8", "onnxruntime-direct",
+            "onnxruntime-transformer-optimizer", "openvino-default", "openvino-f32", "executorch-xnnpack-fp32",
+            "executorch-xnnpack-int8", "torch-eager", "torch-compile")
+FP32_PEERS = ("onnxruntime-direct", "onnxruntime-transformer-optimizer", "openvino-f32", "executorch-xnnpack-fp32",
+              "torch-eager", "torch-compile")
+# What a user would run instead of edgedyn's default export, at the peer's own default precision (OpenVINO's is bf16
+# on AVX512_BF16/AMX CPUs and fp16 on Arm v8.2 cores).
+PEERS = FP32_PEERS + ("openvino-default",)
 
 
 def add_speedups(record: Dict[str, Any]) -> None:
@@ -87,27 +91,23 @@ def summary(results: Dict[str, Any]) -> str:
                          against_the_bars(results), "Best round:", table(best), against_the_bars(best)])
 
 
-# Issue 12's bars: the speed-up each comparison must reach, by model kind (None: shown, no bar). The BERT-style
-# encoders are named, since "encoder" also covers ViTs and Swin, which have only the 1.0x bar.
-BERT_STYLE = ("hf-bert-tiny-32", "zoo:distilbert", "zoo:roberta")
-BARS = ("fp32 vs onnxruntime-direct", "fp32 vs best fp32 peer", "int8 vs own fp32", "int8 vs executorch int8")
+# The bars (precision issue): the speed-up each comparison must reach, by model kind (None: shown, no bar).
+BARS = ("default vs fastest peer", "fp32 vs fastest fp32 peer", "int8 vs own fp32")
+REDUCED_KINDS = ("cnn", "detector")
 
 
 def bar_for(bar: str, name: str, kind: str) -> Optional[float]:
-    if bar == "fp32 vs onnxruntime-direct":
-        return 1.3 if name in BERT_STYLE else 1.0
-    if bar == "fp32 vs best fp32 peer":
-        return 1.0
     if bar == "int8 vs own fp32":
-        return {"cnn": 2.0, "encoder": 1.3}.get(kind)
-    return 1.0 if kind == "cnn" else None
+        return 1.5 if kind in REDUCED_KINDS else None
+    return 1.0
 
 
 def against_the_bars(results: Dict[str, Any]) -> str:
-    """Issue 12's bars per model, as ratios (> 1: edgedyn faster): fp32 against onnxruntime-direct and against the
-    fastest fp32 peer of the run, int8 against edgedyn's own fp32 and against ExecuTorch's int8, each with the
-    range of its round-by-round ratios and whether the bar was met, missed or is within the run's noise; then a
-    count per bar, and each variant that failed, with why (an int8 export that misses its accuracy gate says so)."""
+    """The bars per model, as ratios (> 1: edgedyn faster): edgedyn's default export against the fastest peer of the
+    run at any precision (OpenVINO's default included), `--precision fp32` against the fastest fp32 peer, and
+    `--quantize int8` against edgedyn's own fp32; each with the range of its round-by-round ratios, the winner's
+    precision and whether the bar was met, missed or is within the run's noise; then a count per bar, and each
+    variant that failed, with why (an int8 export that misses its accuracy gate says so)."""
     def ms(record: Dict[str, Any], variant: str) -> Optional[float]:
         return record["variants"].get(variant, {}).get("median_ms")
 
@@ -115,10 +115,12 @@ def against_the_bars(results: Dict[str, Any]) -> str:
     lines = ["| model | " + " | ".join(BARS) + " |", "|---|" + "---:|" * len(BARS)]
     failures = []
     for name, record in results["models"].items():
-        peers = {v: ms(record, v) for v in FP32_PEERS if ms(record, v)}
-        best = min(peers, key=lambda v: peers[v]) if peers else None
-        pairs = (("onnxruntime-direct", "edgedyn-fp32"), (best, "edgedyn-fp32"), ("edgedyn-fp32", "edgedyn-int8"),
-                 ("executorch-xnnpack-int8", "edgedyn-int8"))
+        fastest = {}
+        for group, peers in (("any", PEERS), ("fp32", FP32_PEERS)):
+            timed = {v: ms(record, v) for v in peers if ms(record, v)}
+            fastest[group] = min(timed, key=lambda v: timed[v]) if timed else None
+        pairs = ((fastest["any"], "edgedyn-default"), (fastest["fp32"], "edgedyn-fp32"),
+                 ("edgedyn-fp32", "edgedyn-int8"))
         cells = []
         for bar, (slower, faster) in zip(BARS, pairs):
             threshold = bar_for(bar, name, record.get("kind", ""))
@@ -126,9 +128,12 @@ def against_the_bars(results: Dict[str, Any]) -> str:
             if compared is None:
                 cells.append("-")
                 continue
-            cell = compared["text"] + (" {}".format(best) if bar == "fp32 vs best fp32 peer" else "")
+            cell = compared["text"] + (" {}".format(slower) if "peer" in bar else "")
+            precision = ((record["variants"][faster].get("recorded") or {}).get("precision"))
+            if faster == "edgedyn-default" and precision:
+                cell += " ({})".format(precision)
             if faster == "edgedyn-int8" and _int8_not_kept(record):
-                cell += " fp32 kept (int8 not faster in the export)"
+                cell += " int8 not kept (not faster, or missed its gate, in the export)"
             elif threshold is not None:
                 verdicts[bar][compared["verdict"]] += 1
                 cell += " **{}** ({:.1f}x)".format(compared["verdict"], threshold)
@@ -145,7 +150,7 @@ def _int8_not_kept(record: Dict[str, Any]) -> bool:
     """Whether the `--quantize int8` export kept its fp32 artifact (auto measured int8 no faster): the int8
     variant then times fp32, and an int8 bar has nothing to judge."""
     recorded = record["variants"].get("edgedyn-int8", {}).get("recorded") or {}
-    return (recorded.get("selection") or {}).get("precision") == "fp32"
+    return (recorded.get("selection") or {}).get("precision") not in (None, "int8")
 
 
 def paired_ratio(record: Dict[str, Any], slower: str, faster: str, bar: float = 1.0) -> Optional[Dict[str, Any]]:

@@ -199,6 +199,10 @@ class Board:
                                                  default=("CPUExecutionProvider",))
     onnxruntime_session: OnnxruntimeSession = key("", "onnxruntime", record=OnnxruntimeSession,
                                                   default=_schema.parse(OnnxruntimeSession, {}, "onnxruntime"))
+    # OpenVINO CPU plugin properties for this board ([openvino] table: PERFORMANCE_HINT, NUM_STREAMS, ...), recorded in
+    # each openvino artifact; the runtime's PROPERTY_CHOICES says which and what values.
+    openvino_properties: Optional[Mapping[str, Any]] = key("", "openvino", default=None, omit_none=True,
+                                                           free_table=True)
     path: Path
 
     def __post_init__(self) -> None:
@@ -209,6 +213,8 @@ class Board:
             where, "memory.budget_mb", self.ram_budget_mb)
         if self.gpu_target is not None and (self.gpu is None or self.cuda is None):
             fail(where, "targets.gpu_target", "no gpu_target on a board without [gpu] and os.cuda", self.gpu_target)
+        if self.openvino_properties is not None:
+            _check_openvino(where, self.openvino_properties)
         if (self.qemu_cpu is None) != (self.debian_suite is None):
             fail(where, "emulation", "both qemu_cpu and debian_suite, or no [emulation] table",
                  "qemu_cpu={!r}, debian_suite={!r}".format(self.qemu_cpu, self.debian_suite))
@@ -235,6 +241,18 @@ class Board:
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready, in the layout of the board's TOML file; written into every bundle manifest."""
         return _schema.to_dict(self)
+
+
+def _check_openvino(where: str, table: Any) -> None:
+    """The [openvino] table holds only properties the runtime accepts (runtime/executors/openvino.py)."""
+    from edgedyn.runtime.errors import BundleError
+    from edgedyn.runtime.executors.openvino import PROPERTY_CHOICES, properties
+
+    try:
+        properties({"openvino": {"properties": plain(table)}})
+    except BundleError:
+        fail(where, "openvino", "CPU plugin properties drawn from {}".format(", ".join(sorted(PROPERTY_CHOICES))),
+             plain(table))
 
 
 # --- reading files ---

@@ -24,12 +24,11 @@ from edgedyn.selection import choose
 from edgedyn.version import __version__
 
 Progress = Callable[[str], None]
-PRECISIONS = ("fp32", "fp16")
 
 
 def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
            output: Optional[Union[str, Path]] = None, backend: str = AUTO, inputs: Optional[Sequence[str]] = None,
-           pipeline: str = "default", device: str = "auto", precision: str = "fp32", verify: bool = True,
+           pipeline: str = "default", device: str = "auto", precision: str = "auto", verify: bool = True,
            progress: Optional[Progress] = None, quantize: Optional[str] = None, calibration: Any = None,
            eval_inputs: Any = None, max_accuracy_drop: Optional[str] = None, pad: Any = None,
            pad_side: str = "right") -> Path:
@@ -41,7 +40,11 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     `backend`: a registered backend, or "auto" to measure them here or follow the board's preference
     (edgedyn/selection.py). `device`: on a board with a GPU, "auto" bundles GPU code first and the CPU artifact
     as the fallback the runtime uses when the GPU cannot run; "gpu" or "cpu" builds only that one.
-    `precision`: "fp16" computes GPU artifacts in half precision (accuracy recorded in the manifest).
+    `precision`: "auto" builds fp32 and every reduced float precision a backend computes natively on this CPU
+    (bf16, fp16) and keeps a reduced one only when it passes the accuracy gate (`max_accuracy_drop`, default
+    cosine 0.999 on `eval_inputs` or inputs drawn like the examples) and is faster; "fp32" keeps exact fp32;
+    "bf16" / "fp16" only that one (edgedyn/quantize/precision.py). On a board with a GPU, "fp16" computes the GPU
+    artifacts in half precision (accuracy recorded in the manifest).
     With `verify`, a bundle this machine can run is checked against torch eager before it is returned.
     `quantize`: "int8" (static, needs `calibration`: a folder of .npy, an .npz, "path.py:fn", an iterable of
     input tuples, or "random") or "int8-weights"; accuracy against torch eager on `eval_inputs` (default: a
@@ -52,13 +55,19 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     dimension; padding is proven exact against torch eager here, or refused (docs/buckets.md).
     """
     from edgedyn.quantize import plan as quantize_plan
+    from edgedyn.quantize.precision import check_precision, float_gate
 
     step = progress or (lambda message: None)
     target_board = load_board(board)
     check_backend_name(backend)
-    quantizing = quantize_plan.plan(quantize, backend, device, calibration, eval_inputs, max_accuracy_drop)
+    check_precision(precision)
+    quantizing = quantize_plan.plan(quantize, backend, device, calibration, eval_inputs, max_accuracy_drop,
+                                    precision=precision)
     target = target_board.target("cpu")
     gpu_target = None if quantizing else _gpu_target(target_board, backend, device, precision)
+    # --precision fp16 on a board with a GPU is the GPU's; its CPU fallback keeps what auto finds for that CPU.
+    cpu_precision = "auto" if gpu_target is not None and precision == "fp16" else precision
+    _check_precision_available(backend, target_board, cpu_precision, quantizing)
     step("capturing {}".format(model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)))
     captured = capture(model, example_inputs, inputs=inputs)
     prove_padding(captured, parse_pad(pad, pad_side), step)
@@ -69,13 +78,17 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
         optimized = run_pipeline(spec.program, pipeline)
         artifacts, no_gpu_code = [], None
         if gpu_target is not None:
-            gpu, no_gpu_code = _gpu_artifact(optimized, target_board, gpu_target, spec, precision, device, backend,
-                                             step)
+            gpu, no_gpu_code = _gpu_artifact(optimized, target_board, gpu_target, spec,
+                                             "fp16" if precision == "fp16" else "fp32", device, backend, step)
             artifacts += [gpu] if gpu is not None else []
+        accuracy = None if cpu_precision == "fp32" else float_gate(
+            spec, eval_inputs if quantizing is None else None, max_accuracy_drop)
         if device != "gpu" and quantizing is not None:
-            artifacts.append(_quantized_artifact(quantizing, backend, optimized, target_board, target, spec, step))
+            artifacts.append(_quantized_artifact(quantizing, backend, optimized, target_board, target, spec, step,
+                                                 cpu_precision, accuracy))
         elif device != "gpu":
-            artifacts.append(choose(backend, optimized, target_board, target, spec, progress=step))
+            artifacts.append(choose(backend, optimized, target_board, target, spec, progress=step,
+                                    precision=cpu_precision, accuracy=accuracy))
         records.append(_specialization_record(writer, index, spec, optimized, artifacts))
         if no_gpu_code is not None:
             records[-1]["no_gpu_code"] = no_gpu_code
@@ -108,24 +121,33 @@ def _write_verified(writer: BundleWriter, path: Path, manifest: Dict[str, Any], 
 
 
 def _quantized_artifact(quantizing: Any, backend: str, program: Any, board: Board, target: Target,
-                        spec: Specialization, step: Progress) -> Artifact:
-    """The CPU artifact with int8 kernels, measured against torch eager and held to the accuracy gate."""
+                        spec: Specialization, step: Progress, precision: str, accuracy: Any) -> Artifact:
+    """The CPU artifact with int8 kernels, measured against torch eager and held to the accuracy gate (or, under
+    auto, the faster fp32 or reduced-precision artifact: selection.py)."""
     from edgedyn.quantize import plan as quantize_plan
 
     step("quantizing {} ({})".format(spec.name, quantizing.mode))
     artifact = choose(backend, program, board, target, spec, progress=step,
-                      quantization=quantizing.quantization(spec))
+                      quantization=quantizing.quantization(spec), precision=precision, accuracy=accuracy)
     step("measuring {} int8 accuracy against torch eager".format(artifact.backend))
     with open_executor(artifact) as (executor, _):
         return quantize_plan.finish(quantizing, artifact, spec, executor.run)
+
+
+def _check_precision_available(backend: str, board: Board, precision: str, quantizing: Any) -> None:
+    """Fails before any work when a reduced --precision has no candidate for this board and backend here."""
+    from edgedyn.candidates import candidate_list, no_candidate
+    from edgedyn.runtime.precision import REDUCED
+
+    here = board.arch == host_arch()
+    if precision in REDUCED and quantizing is None and not candidate_list(backend, board, None, precision, here):
+        raise no_candidate(backend, board, precision, here)
 
 
 def _gpu_target(board: Board, backend: str, device: str, precision: str) -> Optional[Target]:
     """The CUDA target to build GPU code for, or None (no GPU on the board, or a CPU-only choice)."""
     if device not in DEVICES:
         raise EdgedynError("unknown device '{}'; choose from: {}".format(device, ", ".join(DEVICES)))
-    if precision not in PRECISIONS:
-        raise EdgedynError("unknown precision '{}'; choose from: {}".format(precision, ", ".join(PRECISIONS)))
     builds_gpu = backend == AUTO or get_backend(backend).builds_for("cuda")
     wants_gpu = device != "cpu" and board.gpu_target is not None and builds_gpu
     gpu_choices = " or ".join(["--backend " + name for name in gpu_backends()] + ["auto"])
@@ -135,9 +157,6 @@ def _gpu_target(board: Board, backend: str, device: str, precision: str) -> Opti
             "backend '{}' have none".format(", ".join(gpu_backends()), board.name, backend),
             hint="use --board jetson-nano / jetson-xavier-nx / jetson-orin-nano with {}; for onnxruntime's "
                  "TensorRT/CUDA providers on a Jetson use --backend onnxruntime".format(gpu_choices))
-    if precision != "fp32" and not wants_gpu:
-        raise EdgedynError("--precision {} applies to GPU artifacts, and this export builds none".format(precision),
-                           hint="export for a Jetson board with {}, or drop --precision".format(gpu_choices))
     return board.target("gpu") if wants_gpu else None
 
 

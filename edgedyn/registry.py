@@ -16,6 +16,7 @@ from typing import Any, List, Optional, Tuple
 
 from edgedyn.errors import EdgedynError
 from edgedyn.runtime.executors import EXECUTORS
+from edgedyn.runtime.precision import FP32, REDUCED
 
 MB = 1 << 20
 BUILD_DEVICES = ("cpu", "cuda")
@@ -43,6 +44,9 @@ class Backend:
     # Its executor takes a thread count per loaded model, not for the whole process (TVM's is an environment
     # variable): `auto` may then record one thread for an artifact that runs faster so (edgedyn/selection.py).
     threads_per_model: bool = False
+    # The reduced float precisions (edgedyn/runtime/precision.py) its CPU artifacts can compute in, each with the CPU
+    # architectures where it can: `auto` builds those the CPU has the feature for as candidates beside fp32.
+    precisions: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
     # Its executor runs every bucket of a group in one arena per thread, sized for the largest (runtime/buckets.py
     # ArenaPool): the board-fit check counts that arena once per group.
     shares_arena: bool = False
@@ -56,6 +60,10 @@ class Backend:
         if not self.devices or any(d not in BUILD_DEVICES for d in self.devices):
             raise ValueError("backend {}: devices must be drawn from {}, got {}".format(
                 self.name, BUILD_DEVICES, self.devices))
+        for precision, arches in self.precisions:
+            if precision not in REDUCED or not arches or any(a not in ("aarch64", "x86_64") for a in arches):
+                raise ValueError("backend {}: precisions are (one of {}, CPU architectures), got {}".format(
+                    self.name, REDUCED, (precision, arches)))
         if not self.quantizes and not self.no_int8_reason:
             raise ValueError("backend {}: a backend that does not quantize says why (no_int8_reason)".format(
                 self.name))
@@ -68,6 +76,10 @@ class Backend:
     def builds_for(self, device: str) -> bool:
         return device in self.devices
 
+    def computes(self, precision: str, arch: str) -> bool:
+        """True when its CPU artifacts for `arch` can compute in `precision` (fp32 always)."""
+        return precision == FP32 or any(p == precision and arch in arches for p, arches in self.precisions)
+
 
 # Note: the one list of backends. Measured overheads: x86_64, Python 3.11, numpy 2.4, 2026-11, torch blocked in
 # the measuring process as on a board (the tvm package imports torch when it can, ~200 MB no board pays).
@@ -77,6 +89,14 @@ BACKENDS = {
         quantizes=True, extra="export,onnxruntime", board_extra="onnxruntime", overhead_bytes=52 * MB,
         overhead_import="import onnxruntime", general=True, pipeline="onnxruntime", threads_per_model=True,
         summary="ONNX for onnxruntime; the board's execution providers (TensorRT/CUDA on a Jetson) are tried first"),
+    "openvino": Backend(
+        name="openvino", lower="edgedyn.backends.openvino:lower", executor="openvino", devices=("cpu",),
+        quantizes=False, extra="export,openvino", board_extra="openvino", overhead_bytes=55 * MB,
+        overhead_import="import openvino; openvino.Core()", general=False, pipeline="onnxruntime",
+        no_int8_reason="edgedyn's openvino backend has no int8 path yet (its bf16 and fp16 need no calibration)",
+        threads_per_model=True, precisions=(("bf16", ("x86_64",)), ("fp16", ("aarch64", "x86_64"))),
+        summary="an OpenVINO IR run by OpenVINO's CPU plugin, in fp32, bf16 (x86 with AVX512_BF16 or AMX) or fp16 "
+                "(Arm v8.2 cores)"),
     "portable": Backend(
         name="portable", lower="edgedyn.backends.portable:lower", executor="portable", devices=("cpu",),
         quantizes=False, extra="export", board_extra="", overhead_bytes=35 * MB,

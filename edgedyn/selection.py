@@ -1,222 +1,174 @@
-"""Backend choice: which backend builds each specialization, and the record of why.
+"""Backend choice: which backend, in which precision and on how many threads, builds each specialization, and the
+record of why.
 
-`--backend NAME` builds with that backend. `--backend auto` (the default):
-- on the host's own board (same CPU architecture), builds every registered backend whose packages are installed,
-  checks each against torch eager's outputs, times each on the specialization's example inputs and keeps the
-  fastest that verified ("measured");
-- for another board, takes the first backend of the board file's `backends.preference` that builds (and, when
-  its artifact runs here too, verifies) ("board preference").
-With `quantization` (--quantize), only backends with int8 kernels are built (edgedyn/quantize/__init__.py); a
-candidate is checked for sanity against torch eager (cosine), not for float equality, then held to the accuracy gate
-on the held-out split: one that misses is dropped with its numbers, and the fastest that passes is kept.
-Measured here, the fp32 candidates are timed too, and the fp32 winner is kept when int8 is not faster (by
-FP32_MUST_BEAT_INT8), saying so: int8 that costs time is no gain.
-The choice and its reasons go into the artifact's manifest entry as `selection`.
+`--backend NAME` builds with that backend. `--backend auto` (the default) considers candidates (candidates.py), one
+per (backend, precision): fp32 on every registered backend, each reduced float precision (bf16, fp16:
+edgedyn/runtime/precision.py) that a backend computes natively on the CPU that measures it and that `--precision`
+admits, and, under --quantize, the int8 build of every backend with int8 kernels. Then:
+- on the host's own board (same CPU architecture), one loop ("measured"): every candidate is built and checked
+  (candidates.checked), the verified ones are timed in turns (turns.py), the fastest few again on 1, 2, 4, ...
+  threads below every core, and the fastest (candidate, thread count) is kept. An int8 or reduced-precision
+  candidate is therefore kept only when it is faster than every fp32 one: a candidate that costs accuracy must
+  buy time;
+- for another board, the first candidate of the board file's `backends.preference` that builds (and, when its
+  artifact runs here too, verifies) ("board preference").
+`--backend NAME` with one candidate builds it ("user"); with several (its precisions under --precision auto) they
+are measured as above, on that backend only. The choice and its reasons go into the artifact's manifest entry as
+`selection`.
 """
 import contextlib
 import os
-from typing import Any, Callable, Dict, List, Optional
-
-import numpy as np
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from edgedyn.registry import AUTO, BACKENDS, check_backend_name
-from edgedyn.backends.artifact import Artifact, Build, open_executor
+from edgedyn.backends.artifact import Artifact, open_executor
 from edgedyn.boards import Board, Target
+from edgedyn.candidates import (INT8, Candidate, TuningRejectedWarning, builder, candidate_list, candidates, checked,
+                                example_arrays, gated, no_candidate, untuned_if_wrong)
 from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Specialization
-from edgedyn.passes import pipeline_passes, run_pipeline
 from edgedyn.runtime.format import host_arch
-from edgedyn.runtime.program import FP32_TOLERANCE, compare
+from edgedyn.runtime.precision import REDUCED
 from edgedyn.turns import DEFAULT_TIMING, Timing, attempt, timed_in_turns
 
-__all__ = ["DEFAULT_TIMING", "Timing", "TuningRejectedWarning", "candidates", "check_backend_name", "choose",
-           "untuned_if_wrong"]
+__all__ = ["Candidate", "DEFAULT_TIMING", "Timing", "TuningRejectedWarning", "candidate_list", "candidates",
+           "check_backend_name", "choose", "untuned_if_wrong"]
 
 Progress = Callable[[str], None]
 
 
 def choose(backend: str, program: Any, board: Board, target: Target, spec: Specialization,
            progress: Optional[Progress] = None, timing: Timing = DEFAULT_TIMING,
-           quantization: Optional[Any] = None) -> Artifact:
+           quantization: Optional[Any] = None, precision: str = "fp32", accuracy: Optional[Any] = None) -> Artifact:
     """The artifact for one specialization, with `meta["selection"]` saying how it was chosen.
 
-    `quantization`: an edgedyn.quantize.Quantization, handed to the backend (only those that quantize take it).
+    `quantization`: an edgedyn.quantize.Quantization, handed to the int8 candidates. `precision`: auto, fp32, bf16
+    or fp16 (quantize/precision.py). `accuracy`: the specialization's float gate (quantize/precision.FloatGate),
+    which every reduced-precision candidate must meet; without one none is built.
     """
     step = progress or (lambda message: None)
     check_backend_name(backend)
-    # Each pipeline's graph, run once and shared by the int8 and the fp32 builder.
-    programs = {"default": program}  # type: Dict[str, Any]
-    build = _builder(programs, board, target, spec, quantization)
-    if backend != AUTO:
-        step("building {} with {} for {}".format(spec.name, backend, target.name))
-        return _with_selection(build(backend), {"mode": "user", "requested": backend})
-    if board.arch == host_arch():
-        chosen = _threads_chosen(_measured(build, board, spec, step, timing, quantization), spec, timing, step)
-        if quantization is not None:
-            try:
-                fp32 = _measured(_builder(programs, board, target, spec, None), board, spec, step, timing, None)
-            except BackendError:
-                fp32 = None  # no fp32 candidate built: nothing to compare int8 with
-            if fp32 is not None:
-                # each at the thread count its bundle would run with, so the comparison is the bundles'
-                chosen = _int8_or_fp32(chosen, _threads_chosen(fp32, spec, timing, step), spec, timing, step)
+    here = board.arch == host_arch()
+    listed = candidate_list(backend, board, quantization, precision, here, accuracy is not None)
+    if not listed:
+        raise no_candidate(backend, board, precision, here)
+    build = builder({"default": program}, board, target, spec, quantization)  # each pipeline's graph made once
+    if backend != AUTO and len(listed) == 1:
+        (only,) = listed
+        step("building {} with {} for {}".format(spec.name, only.words, target.name))
+        artifact = build(only)
+        if only.precision in REDUCED and artifact.arch in (None, host_arch()):
+            artifact.meta["accuracy"] = gated(artifact, only, spec, accuracy)
+        return _with_selection(artifact, {"mode": "user", "requested": backend, "precision": only.precision})
+    if here:
+        chosen = _measured(build, board, spec, step, timing, listed, quantization, accuracy)
+        if backend != AUTO:
+            chosen.meta["selection"] = dict(chosen.meta["selection"], requested=backend)
         return chosen
-    return _by_preference(build, board, target, spec, step, quantization)
+    return _by_preference(build, board, target, spec, step, listed, quantization, accuracy)
 
 
-def _builder(programs: Dict[str, Any], board: Board, target: Target, spec: Specialization,
-             quantization: Optional[Any]) -> Callable[[str], Artifact]:
-    """Builds a backend from the graph of the pipeline its record names: `programs["default"]` (the default
-    pipeline's) or the captured program through that backend's own pipeline (run once into `programs`, kept for
-    the other candidates and for the fp32 builder beside the int8 one)."""
-    def build(name: str) -> Artifact:
-        pipeline = BACKENDS[name].pipeline
-        if pipeline not in programs:
-            programs[pipeline] = run_pipeline(spec.program, pipeline)
-
-        def lower(tuning: bool) -> Artifact:
-            return BACKENDS[name].build(Build(program=programs[pipeline], board=board, target=target,
-                                              tensor_inputs=list(spec.tensor_inputs), quantization=quantization,
-                                              tuning=tuning))
-
-        artifact = untuned_if_wrong(lower(True), spec, lambda: lower(False))
-        if pipeline != "default":
-            artifact.meta = dict(artifact.meta, pipeline={"name": pipeline, "passes": pipeline_passes(pipeline)})
-        return artifact
-
-    return build
-
-
-class TuningRejectedWarning(UserWarning):
-    """A build that took tuning records disagreed with torch eager and was built again without them."""
-
-
-def untuned_if_wrong(artifact: Artifact, spec: Specialization, untuned: Callable[[], Artifact]) -> Artifact:
-    """`artifact`, or, when it took tuning records and disagrees with torch eager here, the build without them.
-
-    Note: a MetaSchedule record can compute the wrong thing (seen on x86: a tuned 1x1 convolution whose output
-    buffer holds the next depthwise convolution's padding gave a MobileNetV2 relative error 0.43) while the same
-    kernel untuned is right. The records were the user's choice, but a wrong tuned build must not cost them the
-    export: the build is made again without them, and the warning and the manifest say why.
-    """
-    import warnings
-
-    tuning = artifact.meta.get("tuning")
-    if not tuning or not tuning.get("tuned_functions") or artifact.arch not in (None, host_arch()):
-        return artifact  # untuned, or built for another CPU: the board's verify checks it there
-    try:
-        _verify(artifact, spec)
-        return artifact
-    except BackendError as error:
-        reason = error.message
-    rebuilt = untuned()
-    rejected = dict(tuning, tuned_functions=0, rejected="the build with {} tuned kernels disagreed with torch "
-                    "eager ({}); built without the records".format(tuning["tuned_functions"], reason))
-    rebuilt.meta = dict(rebuilt.meta, tuning=rejected)
-    warnings.warn("tuning records of {} left out of this build: {}".format(
-        tuning.get("database", "the tuning database"), rejected["rejected"]), TuningRejectedWarning, stacklevel=2)
-    return rebuilt
-
-
-def candidates(board: Board, quantization: Optional[Any] = None) -> List[str]:
-    """Registered backends, the board's preference first (it breaks ties), then the rest by name; with
-    `quantization`, only those with int8 kernels."""
-    usable = [name for name, record in BACKENDS.items() if quantization is None or record.quantizes]
-    preferred = [name for name in board.backends if name in usable]
-    return preferred + sorted(name for name in usable if name not in preferred)
-
-
-def _measured(build: Callable[[str], Artifact], board: Board, spec: Specialization, step: Progress,
-              timing: Timing, quantization: Optional[Any]) -> Artifact:
-    verified = {}  # type: Dict[str, Artifact]
+def _measured(build: Callable[[Candidate], Artifact], board: Board, spec: Specialization, step: Progress,
+              timing: Timing, listed: List[Candidate], quantization: Optional[Any],
+              accuracy: Optional[Any]) -> Artifact:
+    """The one loop over candidates described in the module docstring: build, check, time in turns, time the
+    fastest few on fewer threads, keep the fastest."""
+    verified = {}  # type: Dict[str, Tuple[Candidate, Artifact]]
     rejected = {}  # type: Dict[str, str]
-    missed = []  # type: List[str]  # int8 candidates that ran but missed the accuracy gate
+    missed = []  # type: List[str]  # candidates that ran but missed an accuracy gate
     with contextlib.ExitStack() as stack:  # each verified executor stays open to be timed
         executors = {}  # type: Dict[str, Any]
-        for name in candidates(board, quantization):
-            step("building {} with {}".format(spec.name, name))
-            artifact = attempt(name, lambda: build(name), rejected)
+        for candidate in listed:
+            label = candidate.label
+            step("building {} with {}".format(spec.name, candidate.words))
+            artifact = attempt(label, lambda: build(candidate), rejected)
             if artifact is None:
-                step("{}: skipped ({})".format(name, rejected[name]))
+                step("{}: skipped ({})".format(label, rejected[label]))
                 continue
-            executor = _checked(stack, name, artifact, spec, quantization, rejected, missed, step)
+            executor = checked(stack, candidate, artifact, spec, quantization, accuracy, rejected, missed, step)
             if executor is None:
                 continue
-            step("{}: verified".format(name))
-            verified[name], executors[name] = artifact, executor
+            step("{}: verified".format(label))
+            verified[label], executors[label] = (candidate, artifact), executor
         if not verified:
             raise _gate_missed(spec, rejected, missed) if missed else _nothing_built(spec, board, rejected)
-        medians = timed_in_turns(executors, _example_arrays(spec), timing, rejected)
+        int8 = [c.label for c in listed if c.precision == INT8]
+        if int8 and not any(label in verified for label in int8) and any(label in missed for label in int8):
+            # --quantize asked for int8 and every int8 build missed its gate: the numbers, not a quiet fp32 bundle
+            raise _gate_missed(spec, {k: v for k, v in rejected.items() if k in int8}, [k for k in missed if k in int8])
+        medians = timed_in_turns(executors, example_arrays(spec), timing, rejected)
     if not medians:
         raise _nothing_built(spec, board, rejected)
-    # Candidates come in preference order (dicts keep it), so a tie keeps the preferred one.
-    chosen = min(medians, key=lambda name: medians[name])
-    precision = "fp32" if quantization is None else quantization.mode
-    step("chose {} for {} {} ({:.3g} ms)".format(chosen, spec.name, precision, medians[chosen]))
-    return _with_selection(verified[chosen], {
-        "mode": "measured", "chosen": chosen, "precision": precision, "why": _why(chosen, medians),
-        "medians_ms": {k: round(v, 4) for k, v in sorted(medians.items())},
-        "rejected": rejected, "timing": {"warmup": timing.warmup, "min_runs": timing.min_runs,
-                                         "max_runs": timing.max_runs, "seconds": timing.seconds,
-                                         "rounds": timing.rounds},
-        "host": host_arch()})
+    fastest, threads = _threads_timed({label: verified[label][1] for label in medians}, medians, spec, timing, step)
+    # Candidates come in preference order (dicts keep it), so a tie keeps the earlier one (int8 before fp32).
+    chosen = min(fastest, key=lambda label: fastest[label][0])
+    candidate, artifact = verified[chosen]
+    ms, count = fastest[chosen]
+    if count is not None:
+        artifact.meta["threads"] = count
+    by_precision = _fastest_by_precision(verified, fastest)
+    why = _why(chosen, {label: time for label, (time, _) in fastest.items()}, count)
+    step("chose {} for {} ({:.3g} ms{}){}".format(chosen, spec.name, ms, _on_threads(count),
+                                                  _against_fp32(candidate, by_precision)))
+    selection = {
+        "mode": "measured", "chosen": candidate.backend, "precision": candidate.precision, "candidate": chosen,
+        "why": why + _against_fp32(candidate, by_precision), "medians_ms": {k: round(v, 4)
+                                                                           for k, v in sorted(medians.items())},
+        "fastest_by_precision": by_precision, "rejected": rejected,
+        "timing": {"warmup": timing.warmup, "min_runs": timing.min_runs, "max_runs": timing.max_runs,
+                   "seconds": timing.seconds, "rounds": timing.rounds},
+        "host": host_arch()}  # type: Dict[str, Any]
+    if chosen in threads:
+        selection["threads"] = threads[chosen]
+    if threads:
+        selection["threads_timed"] = {label: record for label, record in sorted(threads.items())}
+    return _with_selection(artifact, selection)
 
 
-def _why(chosen: str, medians: Dict[str, float]) -> str:
+def _on_threads(threads: Optional[int]) -> str:
+    return "" if threads is None else ", on {}".format(threads_label(threads))
+
+
+def _why(chosen: str, times: Dict[str, float], threads: Optional[int] = None) -> str:
     """Why the measured winner won, in words: its time and how much faster it was than each other candidate."""
-    others = sorted((m, name) for name, m in medians.items() if name != chosen)
+    others = sorted((m, name) for name, m in times.items() if name != chosen)
     if not others:
-        return "the only candidate that built and verified ({:.3g} ms)".format(medians[chosen])
-    return "fastest of {} verified: {:.3g} ms; {}".format(len(medians), medians[chosen], ", ".join(
-        "{} {:.3g} ms ({:.2f}x slower)".format(name, m, m / medians[chosen]) for m, name in others))
+        return "the only candidate that built and verified ({:.3g} ms{})".format(times[chosen], _on_threads(threads))
+    return "fastest of {} verified: {:.3g} ms{}; {}".format(len(times), times[chosen], _on_threads(threads), ", ".join(
+        "{} {:.3g} ms ({:.2f}x slower)".format(name, m, m / times[chosen]) for m, name in others))
 
 
-# Under --quantize, auto keeps the fastest fp32 artifact instead of int8 when it takes less than this share of
-# int8's time. 1.0: int8 is kept only when the head-to-head measures it at least as fast. It was 0.9 (a near tie
-# went to what the user asked for) until a speed.py run showed zoo:swin's and zoo:wav2vec2's int8 kept at 0.91x
-# and 0.92x of their fp32: slower and less accurate is worse on both counts. A user who wants int8 for its size
-# names the backend (`--backend tflite --quantize int8`), and that is never second-guessed.
-FP32_MUST_BEAT_INT8 = 1.0
+def _against_fp32(candidate: Candidate, by_precision: Dict[str, Dict[str, Any]]) -> str:
+    """For a kept int8 or reduced-precision candidate: how much faster than the fastest fp32 one, in words."""
+    fp32 = by_precision.get("fp32")
+    mine = by_precision.get(candidate.precision)
+    if candidate.precision == "fp32" or fp32 is None or mine is None:
+        return ""
+    return "; {:.2f}x the speed of the fastest fp32 ({} {:.3g} ms)".format(fp32["ms"] / mine["ms"], fp32["candidate"],
+                                                                         fp32["ms"])
 
 
-def _int8_or_fp32(int8: Artifact, fp32: Artifact, spec: Specialization, timing: Timing, step: Progress) -> Artifact:
-    """The faster of the measured int8 and fp32 winners, timed against each other, with both sets of medians and
-    the reason recorded.
-
-    Note: each winner comes from its own timing session, seconds apart; on a machine whose speed changes between
-    them (a 2-vCPU VM did: zoo:poolformer kept int8 at 0.87x of fp32's speed) comparing those medians compares
-    the machine's two states. So the two winners are timed again, in turns, against each other (Timing), and
-    that decides; the sessions' medians are kept in the record. Each runs on the thread count recorded for it
-    (_threads_chosen): compared on every core, zoo:deit's int8 took 0.0953 ms against fp32's 0.0914 and was kept,
-    while the fp32 bundle, on the one thread auto records for it, ran in 0.093 ms against the int8 bundle's 0.120.
-    """
-    int8_selection, fp32_selection = int8.meta["selection"], fp32.meta["selection"]
-    with contextlib.ExitStack() as stack:
-        paired = timed_in_turns({label: stack.enter_context(open_executor(artifact, artifact.meta.get("threads")))[0]
-                                 for label, artifact in (("int8", int8), ("fp32", fp32))},
-                                _example_arrays(spec), timing, {})
-    int8_ms = paired.get("int8", int8_selection["medians_ms"][int8.backend])
-    fp32_ms = paired.get("fp32", fp32_selection["medians_ms"][fp32.backend])
-    compared = {"int8_medians_ms": int8_selection["medians_ms"], "fp32_medians_ms": fp32_selection["medians_ms"],
-                "int8_rejected": int8_selection["rejected"], "fp32_rejected": fp32_selection["rejected"],
-                "head_to_head_ms": {"int8": round(int8_ms, 4), "fp32": round(fp32_ms, 4)},
-                "head_to_head_threads": {label: record.get("threads", {}).get("kept", "every core")
-                                         for label, record in (("int8", int8_selection), ("fp32", fp32_selection))}}
-    if fp32_ms < FP32_MUST_BEAT_INT8 * int8_ms:
-        why = ("int8 is not faster here: the fastest int8 ({} {:.3g} ms) takes {:.2f}x the fastest fp32 ({} {:.3g} "
-               "ms), so the fp32 artifact is kept".format(int8.backend, int8_ms, int8_ms / fp32_ms, fp32.backend,
-                                                           fp32_ms))
-        step(why)
-        return _with_selection(fp32, dict(fp32_selection, why=why, **compared))
-    why = "{}; {:.2f}x the fastest fp32 ({} {:.3g} ms)".format(int8_selection["why"], fp32_ms / int8_ms,
-                                                              fp32.backend, fp32_ms)
-    step("int8 kept: {} {:.3g} ms, {:.2f}x the speed of the fastest fp32 ({} {:.3g} ms)".format(
-        int8.backend, int8_ms, fp32_ms / int8_ms, fp32.backend, fp32_ms))
-    return _with_selection(int8, dict(int8_selection, why=why, **compared))
+def _fastest_by_precision(verified: Dict[str, Tuple[Candidate, Artifact]],
+                          fastest: Dict[str, Tuple[float, Optional[int]]]) -> Dict[str, Dict[str, Any]]:
+    """Per precision, its fastest verified candidate and time (on its best thread count): what the export's
+    summary compares (int8 against fp32, bf16 against fp32)."""
+    best = {}  # type: Dict[str, Dict[str, Any]]
+    for label, (ms, _) in fastest.items():
+        precision = verified[label][0].precision
+        if precision not in best or ms < best[precision]["ms"]:
+            best[precision] = {"candidate": label, "ms": round(ms, 4)}
+    return best
 
 
-# auto records a thread count for an artifact only when it takes under this share of every core's time: timings
-# on a shared machine wobble by ~5%, and a near tie keeps the runtime's default.
+# The candidates within this factor of the fastest (at most CONTENDERS of them) are timed again on fewer threads:
+# a model too small to share among threads may run faster on one, and a near loser on every core may win there.
+# 3x: a candidate that loses on every core by up to 3x is still timed where it may win (a model too small to share
+# among threads pays for the hand-off on every call); untuned TVM and the portable executor, 14-28x slower than
+# onnxruntime on the example MobileNetV2 (README, "How fast"), are not worth the time.
+CONTENDER_FACTOR = 3.0
+CONTENDERS = 4
+# A thread count below every core is recorded only when it takes under this share of every core's time: timings on
+# a shared machine wobble by ~5%, and a near tie keeps the runtime's default.
 FEWER_THREADS_MUST_BEAT = 0.95
 
 
@@ -229,151 +181,93 @@ def thread_counts(cores: int) -> List[int]:
     return counts
 
 
-def _threads_chosen(artifact: Artifact, spec: Specialization, timing: Timing, step: Progress) -> Artifact:
-    """The measured winner, with `threads: N` in its record when N threads ran it faster here than every core
-    (the runtime's default), all timed against each other in turns; every time goes into `selection.threads`.
+def _threads_timed(artifacts: Dict[str, Artifact], medians: Dict[str, float], spec: Specialization, timing: Timing,
+                   step: Progress) -> Tuple[Dict[str, Tuple[float, Optional[int]]], Dict[str, Dict[str, Any]]]:
+    """Each candidate's time on the thread count it would run with ({label: (ms, count, None for every core)}),
+    and the threads record of each contender timed on fewer threads.
 
     Note: measured on a 2-core x86 host (2026-12-02, each in its own process), the example transformer block's
-    TFLite took 0.0265-0.0275 ms on one thread and 0.027-0.030 ms on two, where two threads also fell into this
-    VM's slow mode (0.075 ms) for seconds at a time; zoo:resnet's took 0.097-0.101 ms on one and 0.059-0.075 on
-    two. A model too small to share among threads pays for the hand-off between them: which side of that a
-    model falls on is measured, not guessed, and on a host with more cores a model may want some of them but not
-    all, so the powers of two below every core are timed too. The caller's own thread count always wins at load."""
-    record = BACKENDS.get(artifact.backend)
+    TFLite took 0.0265-0.0275 ms on one thread and 0.027-0.030 ms on two; zoo:resnet's took 0.097-0.101 ms on one
+    and 0.059-0.075 on two. Which side a model falls on is measured, not guessed, and on a host with more cores a
+    model may want some of them but not all, so the powers of two below every core are timed. The contenders'
+    variants, every core included, are timed in one set of turns, so candidates are compared as their bundles
+    will run (zoo:deit's int8 beat fp32 on every core, but the fp32 bundle on its one thread was the faster one).
+    The caller's own thread count always wins at load."""
+    result = {label: (ms, None) for label, ms in medians.items()}  # type: Dict[str, Tuple[float, Optional[int]]]
     counts = thread_counts(os.cpu_count() or 1)
-    if artifact.device != "cpu" or not counts or not getattr(record, "threads_per_model", False):
-        return artifact
-    labels = dict([("every core", None)] + [(_threads_label(count), count) for count in counts])
+    best = min(medians.values())
+    contenders = [label for label in sorted(medians, key=lambda label: medians[label])[:CONTENDERS]
+                  if medians[label] <= CONTENDER_FACTOR * best and artifacts[label].device == "cpu"
+                  and getattr(BACKENDS.get(artifacts[label].backend), "threads_per_model", False)]
+    if not counts or not contenders:
+        return result, {}
+    variants = {}  # type: Dict[str, Tuple[str, Optional[int]]]
     with contextlib.ExitStack() as stack:
-        executors = {label: stack.enter_context(open_executor(artifact, threads))[0]
-                     for label, threads in labels.items()}
-        timed = timed_in_turns(executors, _example_arrays(spec), timing, {})
-    if "every core" not in timed or len(timed) < 2:
-        return artifact
-    every = timed["every core"]
-    fastest = min((label for label in timed if label != "every core"), key=lambda label: timed[label])
-    kept = fastest if timed[fastest] < FEWER_THREADS_MUST_BEAT * every else "every core"
-    if kept != "every core":
-        artifact.meta["threads"] = labels[kept]
-        step("{}: {} run it in {:.3g} ms, every core in {:.3g} ms: {} recorded".format(
-            artifact.backend, kept, timed[kept], every, kept))
-    return _with_selection(artifact, dict(artifact.meta["selection"], threads={
-        "every_core_ms": round(every, 4), "kept": kept,
-        "threads_ms": {str(labels[label]): round(ms, 4) for label, ms in timed.items() if label != "every core"}}))
+        executors = {}  # type: Dict[str, Any]
+        for label in contenders:
+            for count in [None] + counts:
+                key = "{} on {}".format(label, threads_label(count))
+                executors[key] = stack.enter_context(open_executor(artifacts[label], count))[0]
+                variants[key] = (label, count)
+        timed = timed_in_turns(executors, example_arrays(spec), timing, {})
+    records = {}  # type: Dict[str, Dict[str, Any]]
+    for label in contenders:
+        mine = {count: timed[key] for key, (owner, count) in variants.items() if owner == label and key in timed}
+        if None not in mine or len(mine) < 2:
+            continue
+        every = mine[None]
+        fewest = min((count for count in mine if count is not None), key=lambda count: mine[count])
+        kept = fewest if mine[fewest] < FEWER_THREADS_MUST_BEAT * every else None
+        result[label] = (mine[kept], kept)
+        if kept is not None:
+            step("{}: {} run it in {:.3g} ms, every core in {:.3g} ms".format(label, threads_label(kept), mine[kept],
+                                                                            every))
+        records[label] = {"every_core_ms": round(every, 4), "kept": threads_label(kept),
+                          "threads_ms": {str(count): round(ms, 4) for count, ms in mine.items() if count is not None}}
+    return result, records
 
 
-def _threads_label(count: int) -> str:
-    return "one thread" if count == 1 else "{} threads".format(count)
+def threads_label(count: Optional[int]) -> str:
+    return "every core" if count is None else "one thread" if count == 1 else "{} threads".format(count)
 
 
-def _by_preference(build: Callable[[str], Artifact], board: Board, target: Target, spec: Specialization,
-                   step: Progress, quantization: Optional[Any]) -> Artifact:
-    order = [name for name in candidates(board, quantization) if name in board.backends]
-    if quantization is not None and not order:  # the board prefers none with int8 kernels: try those anyway
-        order = candidates(board, quantization)
+def _by_preference(build: Callable[[Candidate], Artifact], board: Board, target: Target, spec: Specialization,
+                   step: Progress, listed: List[Candidate], quantization: Optional[Any],
+                   accuracy: Optional[Any]) -> Artifact:
+    preferred = [c for c in listed if c.backend in board.backends]
+    order = preferred if preferred else listed  # none preferred (say, no int8 backend): try the others anyway
     rejected = {}  # type: Dict[str, str]
     missed = []  # type: List[str]
-    for name in order:
-        step("building {} with {} for {} ({})".format(spec.name, name, target.name, board.name))
-        artifact = attempt(name, lambda: build(name), rejected)
+    for candidate in order:
+        label = candidate.label
+        step("building {} with {} for {} ({})".format(spec.name, candidate.words, target.name, board.name))
+        artifact = attempt(label, lambda: build(candidate), rejected)
         if artifact is None:
-            step("{}: skipped ({})".format(name, rejected[name]))
+            step("{}: skipped ({})".format(label, rejected[label]))
             continue
         verified = artifact.arch in (None, host_arch())
         # An artifact this machine can run is checked here (int8: against the gate too); one that fails is never
         # chosen.
         if verified:
             with contextlib.ExitStack() as stack:
-                if _checked(stack, name, artifact, spec, quantization, rejected, missed, step) is None:
+                if checked(stack, candidate, artifact, spec, quantization, accuracy, rejected, missed, step) is None:
                     continue
         return _with_selection(artifact, {"mode": "board preference", "order": list(board.backends),
-                                          "chosen": name, "rejected": rejected, "verified_on_host": verified})
+                                          "chosen": candidate.backend, "precision": candidate.precision,
+                                          "rejected": rejected, "verified_on_host": verified})
     raise _gate_missed(spec, rejected, missed) if missed else _nothing_built(spec, board, rejected)
 
 
-def _verify(artifact: Artifact, spec: Specialization) -> bool:
-    """Runs the artifact on the example inputs: True, or EdgedynError if it disagrees with torch eager."""
-    with contextlib.ExitStack() as stack:
-        _open_checked(stack, artifact, spec)
-    return True
-
-
-def _open_checked(stack: contextlib.ExitStack, artifact: Artifact, spec: Specialization) -> Any:
-    """The artifact's executor, open until `stack` closes, once its outputs on the example inputs agree with torch
-    eager (EdgedynError if they do not)."""
-    with contextlib.ExitStack() as opened:  # closed again at once when the check fails
-        executor, record = opened.enter_context(open_executor(artifact))
-        _check_outputs(artifact, record, executor.run(_example_arrays(spec)), spec.reference_outputs)
-        stack.enter_context(opened.pop_all())
-    return executor
-
-
-def _example_arrays(spec: Specialization) -> List[np.ndarray]:
-    return [np.ascontiguousarray(tensor.numpy()) for tensor in spec.example_tensors]
-
-
-def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],
-                   expected: List[np.ndarray]) -> None:
-    if len(outputs) != len(expected):
-        raise BackendError("{} returned {} outputs, torch eager {}".format(
-            artifact.backend, len(outputs), len(expected)))
-    if "quantization" in record:
-        _check_quantized(artifact, outputs, expected)
-        return
-    tolerance = record.get("tolerance", FP32_TOLERANCE)
-    for index, (got, want) in enumerate(zip(outputs, expected)):
-        result = compare(np.asarray(got), want, tolerance)
-        if not result["ok"]:
-            raise BackendError("{} disagrees with torch eager on output {}: {}".format(
-                artifact.backend, index, result.get("error") or "max relative error {:.3g} (rtol {})".format(
-                    result["max_rel"], tolerance["rtol"])))
-
-
-def _check_quantized(artifact: Artifact, outputs: List[np.ndarray], expected: List[np.ndarray]) -> None:
-    """int8 differs from float by design: only a broken artifact (cosine below SANITY_COSINE) is rejected here."""
-    from edgedyn.quantize.accuracy import SANITY_COSINE, output_metrics
-
-    for index, (got, want) in enumerate(zip(outputs, expected)):
-        if np.shape(got) != np.shape(want):
-            raise BackendError("{} output {}: shape {} != expected {}".format(
-                artifact.backend, index, np.shape(got), np.shape(want)))
-        cosine = output_metrics([got], [want])["cosine"]
-        if not np.all(np.isfinite(got)) or cosine < SANITY_COSINE:
-            raise BackendError("{} (int8) output {} has cosine {:.3f} to torch eager, below {}: a broken "
-                               "artifact, not int8 rounding".format(artifact.backend, index, cosine, SANITY_COSINE))
-
-
-def _checked(stack: contextlib.ExitStack, name: str, artifact: Artifact, spec: Specialization,
-             quantization: Optional[Any], rejected: Dict[str, str], missed: List[str], step: Progress) -> Any:
-    """The candidate's executor, open until `stack` closes, once it agrees with torch eager and, for int8, meets
-    the accuracy gate on the held-out split (quantize/plan.py); else None, the reason in `rejected` (a gate miss, with
-    its numbers, also in `missed`) and in the progress.
-
-    Note: the gate is checked per candidate, not only on the winner, because the fastest int8 artifact is not
-    always the most accurate (the zoo's MobileViT: TFLite's full-integer graph 0.955, the onnxruntime dynamic-int8
-    one 0.9997); one that misses must cost the user neither the export nor the others."""
-    executor = attempt(name, lambda: _open_checked(stack, artifact, spec), rejected)
-    held_out = getattr(quantization, "held_out", None)
-    if executor is not None and held_out is not None:
-        if attempt(name, lambda: held_out(name, executor.run), rejected) is None:
-            # The record goes into a bundle that may well be written (with another candidate): no "no bundle" in it.
-            rejected[name] = rejected[name].replace("; no bundle was written", "")
-            missed.append(name)
-            executor = None
-    if executor is None:
-        step("{}: rejected ({})".format(name, rejected[name]))
-    return executor
-
-
 def _gate_missed(spec: Specialization, rejected: Dict[str, str], missed: List[str]) -> EdgedynError:
-    """Every int8 candidate that ran missed the accuracy gate: each one's numbers (and why the others did not
-    build), with the gate's hint."""
+    """Every candidate that ran missed its accuracy gate: each one's numbers (and why the others did not build),
+    with the gate's hint."""
     from edgedyn.quantize.accuracy import GATE_MISS_HINT
 
     others = ["{}: {}".format(name, reason) for name, reason in rejected.items() if name not in missed]
     misses = " | ".join(rejected[name] for name in missed)
-    return EdgedynError("no int8 candidate for {} meets the accuracy gate: {}{}; no bundle was written".format(
-        spec.name, misses, "; not built: " + "; ".join(others) if others else ""), hint=GATE_MISS_HINT)
+    what = "int8 candidate" if all(name.endswith(":" + INT8) for name in missed) else "candidate"
+    return EdgedynError("no {} for {} meets the accuracy gate: {}{}; no bundle was written".format(
+        what, spec.name, misses, "; not built: " + "; ".join(others) if others else ""), hint=GATE_MISS_HINT)
 
 
 def _with_selection(artifact: Artifact, selection: Dict[str, Any]) -> Artifact:
@@ -385,4 +279,3 @@ def _nothing_built(spec: Specialization, board: Board, rejected: Dict[str, str])
     reasons = "; ".join("{}: {}".format(name, reason) for name, reason in rejected.items()) or "none is registered"
     return BackendError("no backend could build {} for {}: {}".format(spec.name, board.name, reasons),
                         hint="install a backend (pip install 'edgedyn[onnxruntime]') or pick one with --backend")
-

@@ -160,6 +160,8 @@ def tamper_member(name: str, data: bytes, rng: random.Random) -> Tuple[bytes, st
         return json.dumps(document).encode(), what
     if name.endswith(".npz"):
         return tamper_npz(data, rng)
+    if name.endswith(".xml") and rng.random() < 0.7:
+        return tamper_xml(data, rng)
     action = rng.choice(["flip", "flip", "truncate", "int"])
     if action == "truncate":
         return data[:rng.randrange(len(data))], "truncate"
@@ -168,6 +170,30 @@ def tamper_member(name: str, data: bytes, rng: random.Random) -> Tuple[bytes, st
         value = rng.choice([0xFFFFFFFF, 0x7FFFFFFF, 100000, 0])
         return data[:position] + struct.pack("<I", value) + data[position + 4:], "int32 at {}".format(position)
     return flip(data, rng), "flip"
+
+
+EVIL_NUMBERS = [b"0", b"-1", b"4294967295", b"99999999999999", b"1e9", b"", b"x"]
+
+
+def tamper_xml(data: bytes, rng: random.Random) -> Tuple[bytes, str]:
+    """An OpenVINO IR's XML with one number (an offset, size, dim or id) set to an evil value, an entity
+    declaration added, or a tag cut: what a checker of the IR must refuse before OpenVINO allocates from it."""
+    import re
+
+    action = rng.choice(["number", "number", "number", "entity", "cut"])
+    if action == "entity":
+        bomb = b'<!DOCTYPE net [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]>'
+        return data.replace(b"<net", bomb + b"<net", 1), "entity declaration"
+    if action == "cut":
+        position = data.find(b"</", rng.randrange(len(data)))
+        return (data[:position] + data[position + 2:], "cut a closing tag") if position >= 0 else (data[:-1], "cut")
+    numbers = list(re.finditer(rb'(?<=[">])\d+(?=[",<])', data))
+    if not numbers:
+        return flip(data, rng), "flip"
+    match = rng.choice(numbers)
+    value = rng.choice(EVIL_NUMBERS)
+    return data[:match.start()] + value + data[match.end():], "number {} -> {}".format(
+        match.group().decode(), value.decode() or "empty")
 
 
 def member_kind(name: str) -> str:

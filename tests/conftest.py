@@ -37,6 +37,7 @@ MODULE_EXTRAS = {
     "tvm": "tvm",
     "onnx": "export",
     "onnxruntime": "onnxruntime",
+    "openvino": "openvino",
     "tflite": "export",
     "ai_edge_litert": "litert",
     "nvidia.cuda_nvrtc": "cuda",
@@ -108,14 +109,16 @@ def export_example(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
     cache = {}  # type: Dict[Tuple[str, str, str], Path]
     directory = tmp_path_factory.mktemp("bundles")
 
-    def export(example: str, board: str = "x86-64", backend: str = "tvm") -> Path:
-        key = (example, board, backend)
+    def export(example: str, board: str = "x86-64", backend: str = "tvm", precision: str = "fp32") -> Path:
+        key = (example, board, backend, precision)
         if key not in cache:
             import edgedyn
 
             reference, inputs = ALL_MODELS[example]
+            # fp32 unless asked: these bundles are compared with torch eager at the fp32 tolerance
             cache[key] = edgedyn.export(str(EXAMPLES / reference), inputs=list(inputs), board=board, backend=backend,
-                                        output=directory / "{}-{}-{}.edgedyn".format(*key))
+                                        precision=precision,
+                                        output=directory / "{}-{}-{}-{}.edgedyn".format(*key))
         return cache[key]
 
     return export

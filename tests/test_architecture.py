@@ -22,7 +22,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("passes", ("edgedyn.passes", "edgedyn.calibration")),
     ("quantize", ("edgedyn.quantize",)),
     ("backends", ("edgedyn.backends",)),
-    ("choice", ("edgedyn.selection", "edgedyn.turns", "edgedyn.fit", "edgedyn.bundle")),
+    ("choice", ("edgedyn.selection", "edgedyn.candidates", "edgedyn.turns", "edgedyn.fit", "edgedyn.bundle")),
     ("export", ("edgedyn.exporter",)),
     ("emulate", ("edgedyn.emulate",)),  # the emulated board, host side
     ("fleet", ("edgedyn.fleet",)),  # boards over TVM's RPC tracker, and tuning

@@ -382,7 +382,7 @@ def test_bench_reports_that_the_portable_executor_allocates_no_intermediates(exp
     assert allocations["beyond_outputs_bytes"] < 256 * 1024  # numpy's iterator buffers; intermediates: ~1 MB arena
 
 
-# --- benchmarks/speed_report.py: how speed.py judges issue 12's bars on a noisy machine ---
+# --- benchmarks/speed_report.py: how speed.py judges the bars on a noisy machine ---
 
 def _speed_report():
     import importlib.util
@@ -407,26 +407,32 @@ def test_speed_report_judges_a_bar_by_its_round_by_round_ratios(edgedyn_rounds, 
     compared = report.paired_ratio(record, "onnxruntime-direct", "edgedyn-fp32")
     assert compared["verdict"] == verdict
     assert compared["rounds"] == pytest.approx([1.0 / t for t in edgedyn_rounds])
-    # the same ratios against a 1.3x bar (BERT-style encoders) are never met
+    # the same ratios against a 1.3x bar are never met
     assert report.paired_ratio(record, "onnxruntime-direct", "edgedyn-fp32", 1.3)["verdict"] == "missed"
 
 
 def test_speed_report_bars_follow_the_issue_and_skip_an_int8_that_was_not_kept() -> None:
     report = _speed_report()
-    assert report.bar_for("fp32 vs onnxruntime-direct", "zoo:distilbert", "encoder") == 1.3
-    assert report.bar_for("fp32 vs onnxruntime-direct", "zoo:vit", "encoder") == 1.0
-    assert report.bar_for("int8 vs own fp32", "zoo:resnet", "cnn") == 2.0
+    assert report.bar_for("default vs fastest peer", "yolo11n", "detector") == 1.0
+    assert report.bar_for("fp32 vs fastest fp32 peer", "zoo:vit", "encoder") == 1.0
+    assert report.bar_for("int8 vs own fp32", "tv-resnet18", "cnn") == 1.5
+    assert report.bar_for("int8 vs own fp32", "yolo11n", "detector") == 1.5
     assert report.bar_for("int8 vs own fp32", "zoo:gpt2", "decoder") is None
-    assert report.bar_for("int8 vs executorch int8", "zoo:vit", "encoder") is None
-    kept_fp32 = {"selection": {"precision": "fp32", "why": "int8 is not faster here"}}
-    results = {"models": {"zoo:resnet": {"kind": "cnn", "variants": {
+    kept_fp32 = {"selection": {"precision": "fp32", "why": "fastest of 2 verified"}}
+    results = {"models": {"tv-resnet18": {"kind": "cnn", "variants": {
         "onnxruntime-direct": {"median_ms": 1.0, "rounds_ms": [1.0, 1.0]},
-        "edgedyn-fp32": {"median_ms": 0.5, "rounds_ms": [0.5, 0.5]},
+        "openvino-f32": {"median_ms": 0.9, "rounds_ms": [0.9, 0.9]},
+        "openvino-default": {"median_ms": 0.5, "rounds_ms": [0.5, 0.5]},
+        "edgedyn-default": {"median_ms": 0.45, "rounds_ms": [0.45, 0.48], "recorded": {"precision": "bf16"}},
+        "edgedyn-fp32": {"median_ms": 0.95, "rounds_ms": [0.85, 0.95]},
         "edgedyn-int8": {"median_ms": 0.5, "rounds_ms": [0.5, 0.5], "recorded": kept_fp32}}}}}
     text = report.against_the_bars(results)
-    assert "fp32 kept (int8 not faster in the export)" in text
-    assert "- int8 vs own fp32: met on 0, within the run's noise on 0, missed on 0" not in text  # nothing judged
-    assert "- fp32 vs onnxruntime-direct: met on 1, within the run's noise on 0, missed on 0" in text
+    # the default against the fastest peer at any precision (OpenVINO's bf16), fp32 against the fastest fp32 one
+    assert "| tv-resnet18 | 1.11x [1.04-1.11] openvino-default (bf16) **met** (1.0x) |" in text
+    assert "0.95x [0.95-1.06] openvino-f32 **within noise** (1.0x)" in text
+    assert "int8 not kept (not faster, or missed its gate, in the export)" in text
+    assert "- int8 vs own fp32: met on 0" not in text  # nothing judged
+    assert "- default vs fastest peer: met on 1, within the run's noise on 0, missed on 0" in text
 
 
 def test_speed_report_joins_a_stopped_run_and_its_rest_only_when_measured_alike() -> None:

@@ -273,7 +273,7 @@ BAD_BOARDS = [
     (('cores = 4', 'cores = "four"'), "cpu.cores", "got 'four'"),
     (('arch = "aarch64"', 'arch = "arm64"'), "arch", "expected one of aarch64, x86_64, got 'arm64'"),
     (('python = "3.11"\n', ''), "os.python", "the field is required"),
-    (('["onnxruntime", "tvm"]', '["onnxrutime"]'), "backends.preference", "onnxruntime, portable, tflite, tvm"),
+    (('["onnxruntime", "tvm"]', '["onnxrutime"]'), "backends.preference", "onnxruntime, openvino, portable, tflite, tvm"),
     (('qemu_cpu = "cortex-a72"', 'qemu-cpu = "cortex-a72"'), "emulation.qemu-cpu", "unknown field"),
     (('cpu_target = "cortex-a72"', 'cpu_target = "cortex-a99"'), "targets.cpu_target",
      "unknown target 'cortex-a99'; choose from"),

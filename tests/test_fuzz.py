@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-MUTANTS = {"portable": 40, "onnxruntime": 40, "tflite": 40, "tvm": 25}
+MUTANTS = {"portable": 40, "onnxruntime": 40, "openvino": 40, "tflite": 40, "tvm": 25}
 
 
 def _fuzz() -> Any:

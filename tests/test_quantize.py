@@ -257,13 +257,12 @@ def test_cli_calibration_folder_auto_backend_and_inspect(run_cli, tmp_path):
     selection = artifact["selection"]
     # auto timed the int8 and the fp32 candidates; which one wins is this machine's measurement, so both outcomes
     # are checked for what each must record (the int8 manifest itself is pinned by the fixed-backend tests).
-    assert set(selection["fp32_medians_ms"]) >= {"onnxruntime", "tflite"}
-    assert set(selection["int8_medians_ms"]) >= {"onnxruntime", "tflite"}
+    assert set(selection["medians_ms"]) >= {"onnxruntime", "tflite", "onnxruntime:int8", "tflite:int8"}
     text = run_cli("inspect", str(bundle)).stdout
     assert "why      " in text
     if "quantization" not in artifact:
-        assert "int8 is not faster here" in selection["why"] and "fp32 artifact is kept" in text
-        assert "int8 is not faster here" in result.stderr  # the export's progress said so
+        assert selection["precision"] != "int8" and selection["why"].startswith("fastest of")
+        assert "chose {} for x=1x3x64x64".format(selection["candidate"]) in result.stderr  # the progress said so
         return
     assert "cosine" in result.stderr  # the int8 summary line; an fp32 bundle has none
     output = artifact["quantization"]["accuracy"]["outputs"][0]
@@ -271,8 +270,8 @@ def test_cli_calibration_folder_auto_backend_and_inspect(run_cli, tmp_path):
     assert artifact["quantization"]["calibration"]["batches"] == 16  # 20 samples, 4 held out
     assert "quantization  int8" in text and "smaller" in text and "top1_agreement" in text
     assert "the fastest fp32" in text
-    paired = selection["head_to_head_ms"]  # the export's summary line says how fast int8 was against fp32
-    assert "{:.2f}x the speed of fp32".format(paired["fp32"] / paired["int8"]) in result.stderr
+    fastest = selection["fastest_by_precision"]  # the export's summary line says how fast int8 was against fp32
+    assert "{:.2f}x the speed of fp32".format(fastest["fp32"]["ms"] / fastest["int8"]["ms"]) in result.stderr
 
 
 def test_calibration_from_npz_and_a_function(tmp_path):
@@ -447,7 +446,8 @@ def test_what_stayed_in_float_reads_as_words():
 def test_the_summary_line_says_how_fast_int8_ran_against_fp32():
     from edgedyn.quantize.plan import summary
 
-    record = {"backend": "tflite", "selection": {"head_to_head_ms": {"int8": 0.05, "fp32": 0.08}},
+    record = {"backend": "tflite", "selection": {"fastest_by_precision": {
+        "int8": {"candidate": "tflite:int8", "ms": 0.05}, "fp32": {"candidate": "onnxruntime", "ms": 0.08}}},
               "quantization": {"mode": "int8", "weights": {"fp32_bytes": 400, "quantized_bytes": 100},
                                "accuracy": {"outputs": [{"name": "logits", "max_abs_error": 0.01, "cosine": 0.9995}]}}}
     assert summary(record) == ("int8 (tflite); weights 400 -> 100 bytes; 1.60x the speed of fp32 (0.05 against "
@@ -552,11 +552,13 @@ def test_auto_keeps_an_int8_candidate_that_meets_the_gate_when_the_fastest_misse
                           calibration=_zoo_calibration("mobilevit", 40, 1), output=tmp_path / "mobilevit.edgedyn")
     artifact = Bundle(path).manifest["specializations"][0]["artifacts"][-1]
     selection = artifact["selection"]
-    for reason in selection["int8_rejected"].values():
+    int8_rejected = {k: v for k, v in selection["rejected"].items() if k.endswith(":int8")}
+    assert int8_rejected
+    for reason in int8_rejected.values():
         assert "misses the default accuracy gate" in reason and "held-out sample(s)" in reason
-    assert "onnxruntime" in selection["int8_medians_ms"]  # it met the gate and was timed
+    assert "onnxruntime:int8" in selection["medians_ms"]  # it met the gate and was timed
     if "quantization" in artifact:
         assert artifact["quantization"]["accuracy"]["outputs"][0]["cosine"] >= 0.99
-    else:
-        assert selection["why"].startswith("int8 is not faster here")
+    else:  # an fp32 or reduced-precision candidate was faster here
+        assert selection["precision"] != "int8" and selection["why"].startswith("fastest of")
     assert _cosine_to_eager_on_fresh_inputs("mobilevit", path, range(100, 108)) > 0.99

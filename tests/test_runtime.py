@@ -185,7 +185,7 @@ def test_a_bundle_for_another_cpu_is_refused(export_example):
         board, "x86-64" if here == "x86_64" else "<your board>")
     if arch == "aarch64" and here == "x86_64":
         hint += ("; to check it here, on the board emulated under qemu: edgedyn verify "
-                 "tiny_cnn-{}-tvm.edgedyn --emulate".format(board))
+                 "tiny_cnn-{}-tvm-fp32.edgedyn --emulate".format(board))
     assert info.value.hint == hint
 
 

@@ -9,7 +9,7 @@ import edgedyn.runtime as rt
 
 THREADS = 8
 CALLS = 200
-BACKENDS = ("onnxruntime", "tflite", "tvm", "portable")
+BACKENDS = ("onnxruntime", "openvino", "tflite", "tvm", "portable")
 
 
 def _inputs(program: rt.Program, seed: int) -> Dict[str, Any]:

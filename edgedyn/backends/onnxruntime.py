@@ -97,6 +97,18 @@ def lower(build: Build) -> Artifact:
     )
 
 
+def export_onnx(program: Any, tensor_inputs: List[str], output_names: List[str]) -> Tuple[Any, Dict[str, Any]]:
+    """The program as a checked ONNX model (its high-level graph, else core ATen) and the manifest's note of which;
+    the openvino backend converts the same model."""
+    try:
+        import onnx
+        import onnxscript  # noqa: F401  (torch.onnx.export(dynamo=True) needs it)
+    except ImportError as error:
+        raise MissingDependencyError("exporting to ONNX needs onnx and onnxscript ({})".format(error),
+                                     hint="pip install 'edgedyn[export]'")
+    return _export_high_level_or_core(onnx, program, tensor_inputs, output_names)
+
+
 def _export_high_level_or_core(onnx: Any, program: Any, tensor_inputs: List[str],
                                output_names: List[str]) -> Tuple[Any, Dict[str, Any]]:
     """The ONNX model of the high-level graph (the one onnxruntime fuses best), or, when torch's exporter cannot

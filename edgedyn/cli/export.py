@@ -30,7 +30,11 @@ def export_command(
     backend: Annotated[str, typer.Option("--backend", help=backends_help())] = AUTO,
     device: Annotated[str, typer.Option(help="auto: on a board with a GPU, GPU code first and the CPU artifact as "
                                              "fallback; gpu or cpu: only that one.")] = "auto",
-    precision: Annotated[str, typer.Option(help="fp32, or fp16 for GPU artifacts (accuracy is recorded).")] = "fp32",
+    precision: Annotated[str, typer.Option(help="auto (default): fp32, and bf16/fp16 where a backend computes them "
+                                                "natively on this CPU and they pass the accuracy gate (cosine "
+                                                ">= 0.999, or --max-accuracy-drop) and run faster; fp32: exact; "
+                                                "bf16 / fp16: only that one (fp16 on a Jetson: the GPU code).")]
+    = "auto",
     pipeline: Annotated[str, typer.Option("--pipeline", help="Pass pipeline (default, none).")] = "default",
     verify: Annotated[bool, typer.Option(help="Check the bundle against torch eager when this machine can run it.")]
     = True,
@@ -42,9 +46,10 @@ def export_command(
                                                             ".npy files, an .npz, or path.py:fn returning input "
                                                             "tuples; 'random' for random normal inputs (smoke tests "
                                                             "only). A held-out share measures accuracy.")] = None,
-    eval_inputs: Annotated[Optional[str], typer.Option("--eval-inputs", help="Inputs to measure int8 accuracy on "
-                                                       "(same formats as --calibration); default: held-out "
-                                                       "calibration samples.")] = None,
+    eval_inputs: Annotated[Optional[str], typer.Option("--eval-inputs", help="Inputs to measure int8 or bf16/fp16 "
+                                                       "accuracy on (same formats as --calibration); default: "
+                                                       "held-out calibration samples (int8), the example inputs and "
+                                                       "8 drawn like them (bf16/fp16).")] = None,
     max_accuracy_drop: Annotated[Optional[str], typer.Option("--max-accuracy-drop", help="Fail the export when the "
                                                              "quantized model misses a bound: top1=1% (top-1 drop, "
                                                              "always in percent: top1=1 is 1%), cosine=0.99 "
@@ -82,12 +87,12 @@ def export_command(
     err.print("exported {} for {} ({}): {} specialization(s) [{}], {}".format(
         bundle.manifest["model"]["name"], bundle.manifest["board"]["name"], ", ".join(chosen), len(specs),
         ", ".join(s["name"] for s in specs), human_bytes(path.stat().st_size)))
-    from edgedyn.quantize.plan import summary
+    from edgedyn.quantize import plan, precision as precisions
 
     for spec in specs:
-        line = summary(spec["artifacts"][-1])
-        if line:
-            err.print("{}: {}".format(spec["name"], line))
+        for line in (plan.summary(spec["artifacts"][-1]), precisions.summary(spec["artifacts"][-1])):
+            if line:
+                err.print("{}: {}".format(spec["name"], line))
     out.print(str(path))
 
 

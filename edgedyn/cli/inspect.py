@@ -73,6 +73,8 @@ def inspect_command(
                     out.print("  why      {}".format(artifact["selection"]["why"]))
             if "quantization" in artifact:
                 _quantization(artifact["quantization"])
+            if artifact.get("device", "cpu") == "cpu" and artifact.get("precision", "fp32") != "fp32":
+                _reduced(artifact)
         if "no_gpu_code" in spec:
             _no_gpu_code(spec["no_gpu_code"])
         chosen = here[spec["name"]]
@@ -127,6 +129,18 @@ def _gpu(artifact: Dict[str, Any]) -> None:
         worst = max(accuracy["outputs"], key=lambda o: o["max_rel_error"])
         out.print("  {}     max relative error {:.2e}, cosine {:.6f} ({})".format(
             artifact.get("precision", "fp32"), worst["max_rel_error"], worst["cosine"], accuracy["measured_on"]))
+
+
+def _reduced(artifact: Dict[str, Any]) -> None:
+    """A CPU artifact computing in bf16 or fp16: the accuracy its gate measured, and where."""
+    accuracy = artifact.get("accuracy") or {}
+    outputs = accuracy.get("outputs") or []
+    gate = ", ".join("{} {}".format(k, v) for k, v in sorted((accuracy.get("gate") or {}).items()))
+    worst = min(outputs, key=lambda o: o.get("cosine", 1.0)) if outputs else None
+    measured = "cosine {:.6f}, max abs error {:.3g} ({})".format(worst["cosine"], worst["max_abs_error"], worst["name"]) \
+        if worst else "not measured"
+    out.print("  {}     {}; gate {} ({}); on {}".format(artifact["precision"], measured, gate or "-",
+                                                     accuracy.get("gate_source", "?"), accuracy.get("inputs", "?")))
 
 
 def _no_gpu_code(record: Dict[str, Any], shown: int = 10) -> None:

@@ -68,9 +68,8 @@ def _show(bundle: Path, report: Dict[str, Any], table: bool) -> int:
         for column in ("specialization", "output", "artifact", "max abs err", "max rel err", "tolerance", "result"):
             shown.add_column(column)
         for r in results:
-            shown.add_row(r["specialization"], r["output"], r["artifact"], "{:.3g}".format(r["max_abs"]),
-                          "{:.3g}".format(r["max_rel"]), "rtol {:g}".format(r.get("rtol", 0)),
-                          "ok" if r["ok"] else "MISMATCH")
+            shown.add_row(r["specialization"], r["output"], _artifact(r), "{:.3g}".format(r["max_abs"]),
+                          "{:.3g}".format(r["max_rel"]), _tolerance(r), "ok" if r["ok"] else "MISMATCH")
         out.print(shown)
     if failed:
         err.print("error: {} of {} outputs differ from torch eager beyond tolerance".format(len(failed), len(results)))
@@ -78,6 +77,19 @@ def _show(bundle: Path, report: Dict[str, Any], table: bool) -> int:
         err.print("verified {} output(s) of {} specialization(s) on {}".format(
             len(results), len(report["selection"]), where or report["arch"]))
     return len(failed)
+
+
+def _artifact(result: Dict[str, Any]) -> str:
+    """The artifact column: its backend, and the precision it computed in when that is not fp32."""
+    precision = result.get("precision")
+    return result["artifact"] + (" ({})".format(precision) if precision and precision != "fp32" else "")
+
+
+def _tolerance(result: Dict[str, Any]) -> str:
+    """fp32 and int8 outputs are held to a relative tolerance, bf16/fp16 ones to the cosine their gate measured."""
+    if "min_cosine" in result:
+        return "cosine {:.6f} >= {:g}".format(result.get("cosine", float("nan")), result["min_cosine"])
+    return "rtol {:g}".format(result.get("rtol") or 0)
 
 
 def _verify_emulated(bundle: Path, json_: Optional[str], threads: Optional[int], device: str,

@@ -51,15 +51,19 @@ class Plan:
 
 
 def plan(mode: Optional[str], backend: str, device: str, calibration: Any = None, eval_inputs: Any = None,
-         max_accuracy_drop: Optional[str] = None) -> Optional[Plan]:
-    """Checks the quantization options before any work; None when not quantizing."""
+         max_accuracy_drop: Optional[str] = None, precision: str = "fp32") -> Optional[Plan]:
+    """Checks the quantization options before any work; None when not quantizing. Without --quantize,
+    --eval-inputs and --max-accuracy-drop serve a reduced float precision's gate (any --precision but fp32)."""
     check_mode(mode)
     if mode is None:
         given = [name for name, value in (("--calibration", calibration), ("--eval-inputs", eval_inputs),
                                           ("--max-accuracy-drop", max_accuracy_drop)) if value is not None]
+        if precision != "fp32":
+            given = [name for name in given if name == "--calibration"]
         if given:
-            raise EdgedynError("{} applies only with --quantize".format(", ".join(given)),
-                               hint="add --quantize int8 (or int8-weights), or drop {}".format(", ".join(given)))
+            raise EdgedynError("{} applies only with --quantize{}".format(
+                ", ".join(given), "" if given == ["--calibration"] else " or a reduced --precision"),
+                hint="add --quantize int8 (or int8-weights), or drop {}".format(", ".join(given)))
         return None
     check_backend(mode, backend)
     if device == "gpu":
@@ -173,10 +177,10 @@ def summary(artifact_record: Dict[str, Any]) -> Optional[str]:
         parts.append("weights {} -> {} bytes".format(weights.get("fp32_bytes"), weights.get("quantized_bytes")))
     if "float_ops" in record:
         parts.append("kept in float: " + float_ops_text(record["float_ops"]))
-    paired = (artifact_record.get("selection") or {}).get("head_to_head_ms")
-    if paired and paired.get("int8"):
+    fastest = (artifact_record.get("selection") or {}).get("fastest_by_precision") or {}
+    if "int8" in fastest and "fp32" in fastest:
         parts.append("{:.2f}x the speed of fp32 ({:.3g} against {:.3g} ms, timed in turns)".format(
-            paired["fp32"] / paired["int8"], paired["int8"], paired["fp32"]))
+            fastest["fp32"]["ms"] / fastest["int8"]["ms"], fastest["int8"]["ms"], fastest["fp32"]["ms"]))
     for output in record.get("accuracy", {}).get("outputs", []):
         parts.append("{}: max abs error {:.4g}, cosine {:.5f}{}".format(
             output["name"], output["max_abs_error"], output["cosine"],

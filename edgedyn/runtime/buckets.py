@@ -167,7 +167,7 @@ class BucketDispatch:
         self.groups = [BucketGroup(record, specializations, names) for record in records]
         self._names = list(names)
         self._padded = [group for group in self.groups if group.padding is not None]
-        self._seen = {}  # type: Dict[Tuple[Any, ...], Tuple[BucketGroup, int, int]]
+        self._seen = {}  # type: Dict[Tuple[Any, ...], Tuple[BucketGroup, int, Finish]]
         self._lock = threading.Lock()
 
     def fast(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> Optional[Routed]:
@@ -181,13 +181,13 @@ class BucketDispatch:
         seen = self._seen.get(key) if key is not None else None
         if seen is None:
             return None
-        group, index, length = seen
+        group, index, finish = seen
         spec = group.specs[index]
         size = group.sizes[index]
         bound = dict(zip(self._names, values))
         arrays = [group.pad(bound[name], name, size) if name in group.inputs else np.ascontiguousarray(bound[name])
                   for name in spec.inputs]
-        return spec, arrays, group.slicer(length)
+        return spec, arrays, finish
 
     def route(self, values: Dict[str, Any]) -> Optional[Routed]:
         """The padded route of bound arguments that no specialization takes as they are (GuardError in words when
@@ -201,7 +201,7 @@ class BucketDispatch:
                 with self._lock:
                     if len(self._seen) >= _CACHED_CALLS:
                         self._seen.clear()
-                    self._seen[key] = (group, group.specs.index(routed[0]), group.length(values))
+                    self._seen[key] = (group, group.specs.index(routed[0]), routed[2])  # finish: stateless
             return routed
         return None
 
@@ -280,6 +280,28 @@ class BucketDispatch:
                 return None
             values.append(kwargs[name])
         return values
+
+
+def load_order(specializations: List[Specialization]) -> List[Specialization]:
+    """The order executors are opened in: largest declared arena first, so a pool shared by buckets
+    (arena_pools) is allocated once at its final size."""
+    def arena(spec: Specialization) -> int:
+        memory = spec.record.get("memory")
+        size = memory.get("arena_bytes") if isinstance(memory, dict) else None
+        return size if isinstance(size, int) and not isinstance(size, bool) else 0
+    return sorted(specializations, key=lambda spec: -arena(spec))
+
+
+def arena_pools(manifest: Dict[str, Any]) -> Dict[int, Any]:
+    """One ArenaPool per bucket group, keyed by the id of each member specialization's record: the executors that
+    can (portable) run every bucket of a group in one arena per thread (calls in one thread never overlap)."""
+    pools = {}  # type: Dict[int, Any]
+    records = manifest["specializations"]
+    for group in manifest.get("buckets", []):
+        pool = ArenaPool()
+        for index in group["specializations"]:
+            pools[id(records[index])] = pool
+    return pools
 
 
 def typical_lengths(group: Dict[str, Any]) -> List[Tuple[int, int]]:

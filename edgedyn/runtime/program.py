@@ -7,13 +7,15 @@ import numpy as np
 
 from edgedyn.runtime import guards as guard_checks
 from edgedyn.runtime import schema
-from edgedyn.runtime.buckets import ArenaPool, BucketDispatch, Finish
+from edgedyn.runtime.buckets import BucketDispatch, Finish, arena_pools, load_order
 from edgedyn.runtime.devices import gpu_unusable_reason
 from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, GuardError, MissingDependencyError,
                                     PlatformError)
 from edgedyn.runtime.executors import executor_class
 from edgedyn.runtime.fastpath import FastDispatch
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
+from edgedyn.runtime.outputs import build_outputs, flatten_outputs  # noqa: F401 (flatten_outputs: re-exported)
+from edgedyn.runtime.precision import FP32, REDUCED
 
 log = logging.getLogger("edgedyn.runtime")
 DEVICES = ("auto", "cpu", "gpu")
@@ -23,6 +25,9 @@ FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
 # The file role of an artifact's own outputs on the reference inputs, recorded at export for artifacts that differ
 # from torch eager by design (int8): `verify` compares with these (edgedyn/quantize/plan.py writes them).
 EXPECTED_ROLE = "expected"
+# The cosine a reduced-precision artifact keeps to torch eager when its record names no gate (quantize/precision.py's
+# default gate).
+DEFAULT_MIN_COSINE = 0.999
 
 
 class Specialization:
@@ -40,12 +45,24 @@ class Specialization:
         self.skipped = []  # type: List[Tuple[str, str]]
 
     def selection(self) -> str:
-        """Which artifact runs this specialization here, and why the ones before it do not, in words."""
+        """Which artifact runs this specialization here, in which precision, and why the ones before it do not, in
+        words."""
         assert self.artifact is not None
         text = "{}: {} on {}".format(self.name, artifact_label(self.artifact), host_arch())
+        computes, why_not = self.precision()
+        if computes != FP32 or why_not:
+            text += " in {}".format(computes) + (" ({})".format(why_not) if why_not else "")
         if self.skipped:
             text += " ({})".format("; ".join("{} not used: {}".format(l, r) for l, r in self.skipped))
         return text
+
+    def precision(self) -> Tuple[str, Optional[str]]:
+        """(the precision this specialization computes in here, why it is not the artifact's or None)."""
+        assert self.artifact is not None
+        told = getattr(self.executor, "precision", None)
+        if callable(told):
+            return told()
+        return str(self.artifact.get("precision", FP32)), None
 
 
 def artifact_label(artifact: Dict[str, Any]) -> str:
@@ -95,6 +112,7 @@ class Program:
             # A bundle with GPU code that runs on the CPU here deserves a warning, unless the user asked for the CPU.
             has_gpu_code = any(a.get("device", "cpu") != "cpu" for a in spec.record["artifacts"])
             fell_back = has_gpu_code and spec.artifact.get("device", "cpu") == "cpu" and device != "cpu"
+            fell_back = fell_back or spec.precision()[1] is not None  # a reduced precision this CPU cannot compute
             log.log(logging.WARNING if fell_back else logging.INFO, "edgedyn: %s", spec.selection())
         self._fast = FastDispatch(self.signature, self.specializations)
         self.buckets = BucketDispatch(self.manifest.get("buckets", []), self.specializations,
@@ -166,14 +184,12 @@ class Program:
     def route(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, List[np.ndarray]]:
         """What a call does before its executor runs: the matching specialization and the executor's input arrays
         (GuardError when none matches), padded to the bucket when the call's length lies between buckets."""
-        spec, arrays, _ = self.route_call(args, kwargs)
-        return spec, arrays
+        return self.route_call(args, kwargs)[:2]
 
     def route_call(self, args: Sequence[Any], kwargs: Dict[str, Any]
                    ) -> Tuple[Specialization, List[np.ndarray], Optional[Finish]]:
-        """route(), and how to cut the outputs back (None unless padded: runtime/buckets.py). Positional arrays of
-        the exact dtypes and shapes take the fast rules (fastpath.py), and call shapes padded before the buckets'
-        fast path, decided without binding; anything else is bound and checked guard by guard."""
+        """route(), and how to cut the outputs back (None unless padded). Exact positional arrays take the fast rules
+        (fastpath.py), shapes padded before the buckets' (buckets.py); anything else is bound and guard-checked."""
         fast = None if kwargs else self._fast.match(args)
         if fast is not None:
             return fast[0], fast[1], None
@@ -186,10 +202,8 @@ class Program:
         return spec, [np.ascontiguousarray(values[name]) for name in spec.inputs], None
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, Dict[str, Any]]:
-        """The specialization whose guards all hold for these arguments (or the bucket a call between buckets is
-        padded to), and the bound argument values."""
-        spec, values, _ = self._dispatch(self.bind(args, kwargs))
-        return spec, values
+        """The specialization whose guards all hold (or the bucket a padded call runs in), and the bound values."""
+        return self._dispatch(self.bind(args, kwargs))[:2]
 
     def _dispatch(self, values: Dict[str, Any]) -> Tuple[Specialization, Dict[str, Any], Optional[Any]]:
         failures = []
@@ -242,17 +256,21 @@ class Program:
         return values, outputs
 
     def verify(self) -> List[Dict[str, Any]]:
-        """Runs every specialization on its reference inputs and compares with torch eager's outputs."""
+        """Runs every specialization on its reference inputs and compares with torch eager's outputs; then the
+        padded calls proven at export (runtime/buckets.py), against torch eager on the unpadded call."""
         results = []
-        for spec in self.specializations:
-            values, expected = self.reference(spec)
+        calls = [(spec.name, spec) + self.reference(spec) for spec in self.specializations]
+        for label, spec, values, expected in calls + self.buckets.references(self.bundle, self.reference):
+            padded = label != spec.name
             chosen, _ = self.dispatch(**values)
             if chosen is not spec:
                 raise EdgedynError("reference inputs of '{}' dispatched to '{}'; the bundle's guards overlap".format(
-                    spec.name, chosen.name))
+                    label, chosen.name))
+            if padded and EXPECTED_ROLE in spec.artifact["files"]:
+                continue  # int8 differs from torch eager by design: its own outputs are checked at the bucket
             actual = flatten_outputs(spec.output_tree, self(**values))
             tolerance = spec.artifact.get("tolerance", FP32_TOLERANCE)
-            extra = {}  # type: Dict[str, Any]
+            extra = {"against": "torch eager on the unpadded call"} if padded else {}  # type: Dict[str, Any]
             if EXPECTED_ROLE in spec.artifact["files"]:
                 # A quantized artifact: compared with its own outputs recorded at export (int8 differs from torch
                 # eager by design; the manifest's quantization.accuracy says by how much). See quantize/accuracy.py.
@@ -261,40 +279,15 @@ class Program:
                                 spec.artifact["files"][EXPECTED_ROLE])
                 expected = [recorded["output.{}".format(i)] for i in range(len(spec.outputs))]
                 extra["against"] = "int8 outputs recorded at export"
+            min_cosine = reduced_gate(spec.artifact)
+            if min_cosine is not None:
+                extra["precision"] = spec.precision()[0]
             for record, got, want in zip(spec.outputs, actual, expected):
-                results.append(dict(compare(got, want, tolerance), specialization=spec.name, output=record["name"],
+                result = compare(got, want, tolerance) if min_cosine is None else compare_cosine(got, want,
+                                                                                                 min_cosine)
+                results.append(dict(result, specialization=label, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))
-        for label, spec, values, expected in self.buckets.references(self.bundle, self.reference):
-            if EXPECTED_ROLE in spec.artifact["files"]:
-                continue  # int8 differs from torch eager by design: its own outputs are checked above
-            actual = flatten_outputs(spec.output_tree, self(**values))
-            tolerance = spec.artifact.get("tolerance", FP32_TOLERANCE)
-            for record, got, want in zip(spec.outputs, actual, expected):
-                results.append(dict(compare(got, want, tolerance), specialization=label, output=record["name"],
-                                    artifact=spec.artifact["backend"], against="torch eager on the unpadded call"))
         return results
-
-
-def load_order(specializations: List[Specialization]) -> List[Specialization]:
-    """The order executors are opened in: largest declared arena first, so a pool shared by buckets
-    (arena_pools) is allocated once at its final size."""
-    def arena(spec: Specialization) -> int:
-        memory = spec.record.get("memory")
-        size = memory.get("arena_bytes") if isinstance(memory, dict) else None
-        return size if isinstance(size, int) and not isinstance(size, bool) else 0
-    return sorted(specializations, key=lambda spec: -arena(spec))
-
-
-def arena_pools(manifest: Dict[str, Any]) -> Dict[int, Any]:
-    """One ArenaPool per bucket group, keyed by the id of each member specialization's record: the executors that
-    can (portable) run every bucket of a group in one arena per thread (calls in one thread never overlap)."""
-    pools = {}  # type: Dict[int, Any]
-    records = manifest["specializations"]
-    for group in manifest.get("buckets", []):
-        pool = ArenaPool()
-        for index in group["specializations"]:
-            pools[id(records[index])] = pool
-    return pools
 
 
 def check_threads(threads: Any) -> None:
@@ -330,37 +323,30 @@ def compare(got: np.ndarray, want: np.ndarray, tolerance: Dict[str, float]) -> D
     return {"ok": ok, "max_abs": max_abs, "max_rel": max_rel, "rtol": tolerance["rtol"], "atol": tolerance["atol"]}
 
 
-def build_outputs(tree: Dict[str, Any], flat: List[np.ndarray]) -> Any:
-    """Rebuilds the model's output structure (tensor, tuple, list, dict, None) from flat arrays."""
-    kind = tree["kind"]
-    if kind == "tensor":
-        return flat[tree["index"]]
-    if kind == "none":
-        return None
-    if kind == "constant":
-        return tree["value"]
-    items = [build_outputs(item, flat) for item in tree["items"]]
-    if kind == "tuple":
-        return tuple(items)
-    if kind == "list":
-        return items
-    if kind == "dict":
-        return dict(zip(tree["keys"], items))
-    raise ValueError("unknown output kind {!r}".format(kind))
+def reduced_gate(artifact: Dict[str, Any]) -> Optional[float]:
+    """The cosine a reduced-precision (bf16, fp16) artifact's outputs must keep to torch eager's, from the gate it
+    met at export (its `accuracy` record); None for fp32 and int8 artifacts, which have their own tolerances.
+
+    Note: such an artifact differs from fp32 by design, and by how much depends on the CPU (one without the feature
+    computes fp32): `verify` holds it to the gate the export measured it against, not to the fp32 tolerance."""
+    if artifact.get("precision") not in REDUCED or artifact.get("device", "cpu") != "cpu":
+        return None  # GPU fp16 artifacts record the tolerance they measured
+    gate = artifact.get("accuracy", {}).get("gate", {}) if isinstance(artifact.get("accuracy"), dict) else {}
+    value = gate.get("min_cosine") if isinstance(gate, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else DEFAULT_MIN_COSINE
 
 
-def flatten_outputs(tree: Dict[str, Any], value: Any) -> List[np.ndarray]:
-    """The tensors of an output structure in manifest order."""
-    kind = tree["kind"]
-    if kind == "tensor":
-        return [value]
-    if kind in ("none", "constant"):
-        return []
-    values = [value[key] for key in tree["keys"]] if kind == "dict" else list(value)
-    flat = []  # type: List[np.ndarray]
-    for item, item_value in zip(tree["items"], values):
-        flat.extend(flatten_outputs(item, item_value))
-    return flat
+def compare_cosine(got: np.ndarray, want: np.ndarray, min_cosine: float) -> Dict[str, Any]:
+    """`compare`'s record for a reduced-precision output: passes when its cosine to `want` is at least
+    `min_cosine` and it is finite where `want` is."""
+    result = compare(got, want, {"rtol": float("inf"), "atol": float("inf")})
+    if "error" in result:
+        return result
+    a, b = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+    cosine = float(a @ b / norms) if norms > 0 else (1.0 if not np.any(a) and not np.any(b) else 0.0)
+    ok = bool(np.all(np.isfinite(got) == np.isfinite(want))) and cosine >= min_cosine
+    return dict(result, ok=ok, cosine=cosine, min_cosine=min_cosine, rtol=None, atol=None)
 
 
 def _no_match_message(model: str, failures: List[Tuple[str, str]]) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edgedyn.runtime.errors import BundleError
+from edgedyn.runtime.precision import PRECISIONS
 
 # Note: numeric dtypes only. An object dtype would make numpy treat raw bytes as pointers; structured and string
 # dtypes are never written by edgedyn.
@@ -231,9 +232,11 @@ def _check_artifact(c: Checker, artifact: Any, where: str, members: Dict[str, An
         if key in artifact:
             for index, item in enumerate(c.items(artifact[key], "{}.{}".format(where, key))):
                 c.text(item, "{}.{}[{}]".format(where, key, index))
-    for key in ("gpu", "requires"):
+    for key in ("gpu", "requires", "accuracy", "openvino"):
         if key in artifact:
             c.obj(artifact[key], "{}.{}".format(where, key))
+    if "precision" in artifact:  # what the artifact computes in (runtime/precision.py)
+        c.text(artifact["precision"], where + ".precision", PRECISIONS)
 
 
 def check_member_name(name: str, bundle: Any) -> None:

@@ -15,6 +15,7 @@ from edgedyn.runtime.errors import BundleError
 EXECUTORS = {
     "litert": "edgedyn.runtime.executors.litert:LiteRtExecutor",
     "onnxruntime": "edgedyn.runtime.executors.onnxruntime:OnnxRuntimeExecutor",
+    "openvino": "edgedyn.runtime.executors.openvino:OpenVinoExecutor",
     "portable": "edgedyn.runtime.executors.portable:PortableExecutor",
     "tvm": "edgedyn.runtime.executors.tvm:TvmExecutor",
 }

@@ -1,0 +1,99 @@
+"""OpenVINO: the graph as an OpenVINO IR (model.xml + weights.bin), converted at export from the ONNX model that
+torch's exporter writes for the onnxruntime backend (or, when that export fails, from the ExportedProgram itself).
+
+The artifact records its precision (`build.precision`: fp32, bf16 or fp16) and the executor asks OpenVINO for
+exactly that. A reduced-precision IR stores its weights in fp16 (half the bytes; OpenVINO computes in the
+requested precision either way), and is held to the float accuracy gate by `auto` (edgedyn/selection.py).
+The IR is plain XML and raw weights: no pickle, read by OpenVINO 2024.0 and newer (Python 3.8 boards stop there).
+"""
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List
+
+from edgedyn.backends.artifact import Artifact, Build
+from edgedyn.errors import BackendError, MissingDependencyError
+from edgedyn.runtime.precision import FP32
+from edgedyn.runtime.program import FP32_TOLERANCE
+
+MIN_OPENVINO = "2024.0"
+
+
+def _import_openvino() -> Any:
+    try:
+        import openvino
+    except ImportError as error:
+        raise MissingDependencyError("the openvino backend needs OpenVINO ({})".format(error),
+                                     hint="pip install 'edgedyn[export,openvino]'")
+    return openvino
+
+
+def board_properties(board: Any) -> Dict[str, Any]:
+    """The board's [openvino] CPU properties, recorded in the artifact for the runtime to apply."""
+    from edgedyn._schema import plain
+
+    return plain(board.openvino_properties) if board.openvino_properties else {}
+
+
+def lower(build: Build) -> Artifact:
+    """Converts the program to an OpenVINO IR for the CPU, computing in `build.precision`."""
+    if build.quantization is not None:
+        raise BackendError("the openvino backend has no int8 path in edgedyn yet",
+                           hint="use --backend onnxruntime or tflite for --quantize int8")
+    openvino = _import_openvino()
+    output_names = ["output_{}".format(i) for i in range(len(build.program.graph_signature.user_outputs))]
+    model, source = _converted(openvino, build, output_names)
+    reduced = build.precision != FP32
+    with tempfile.TemporaryDirectory(prefix="edgedyn-openvino-") as workdir:
+        xml = Path(workdir) / "model.xml"
+        openvino.save_model(model, str(xml), compress_to_fp16=reduced)
+        files = {"model": xml.read_bytes(), "weights": xml.with_suffix(".bin").read_bytes()}
+    meta = {"input_names": list(build.tensor_inputs), "output_names": output_names, "precision": build.precision,
+            "openvino": {"version": openvino.get_version(), "converted_from": source,
+                         "weights": "fp16" if reduced else "fp32", "properties": board_properties(build.board)},
+            "requires": {"python": ["openvino>={}".format(MIN_OPENVINO)]}}  # type: Dict[str, Any]
+    if not reduced:
+        meta["tolerance"] = dict(FP32_TOLERANCE)
+    return Artifact(backend="openvino", executor="openvino", device="cpu", arch=None,
+                    target="openvino-cpu-{}".format(build.precision), files=files,
+                    file_names={"model": "model.xml", "weights": "weights.bin"}, meta=meta)
+
+
+def _converted(openvino: Any, build: Build, output_names: List[str]) -> Any:
+    """(the OpenVINO model with the manifest's input and output names, what it was converted from)."""
+    from edgedyn.backends.onnxruntime import export_onnx
+
+    try:
+        onnx_model, _ = export_onnx(build.program, list(build.tensor_inputs), output_names)
+        model = openvino.convert_model(_as_stream(onnx_model.SerializeToString()))
+        return model, "onnx"
+    except (BackendError, MissingDependencyError) as onnx_error:
+        try:
+            model = openvino.convert_model(build.program)
+        except Exception as error:  # OpenVINO's frontends raise their own types
+            raise BackendError("OpenVINO cannot convert this graph: from ONNX: {}; from the ExportedProgram: "
+                               "{}".format(onnx_error.message, _first_line(error)),
+                               hint="try another --backend, or report the operator named above")
+        _rename(model, list(build.tensor_inputs), output_names)
+        return model, "exported program"
+    except Exception as error:
+        raise BackendError("OpenVINO cannot convert the ONNX model: {}".format(_first_line(error)),
+                           hint="try another --backend, or report the operator named above")
+
+
+def _as_stream(data: bytes) -> Any:
+    import io
+
+    return io.BytesIO(data)
+
+
+def _rename(model: Any, inputs: List[str], outputs: List[str]) -> None:
+    """Names a model converted from the ExportedProgram as the manifest does (the ONNX route keeps them)."""
+    for port, name in zip(model.inputs, inputs):
+        port.get_tensor().set_names({name})
+    for port, name in zip(model.outputs, outputs):
+        port.get_tensor().set_names({name})
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return "{}: {}".format(type(error).__name__, lines[0] if lines else "")

@@ -1,0 +1,246 @@
+"""What `--backend auto` may keep (a backend and the precision its artifact computes in), how each candidate is
+built, and how it is checked before it may be timed: fp32 against torch eager within the fp32 tolerance, a reduced
+float precision against the float accuracy gate (quantize/precision.py), int8 against the --quantize gate on the
+held-out split (quantize/plan.py). edgedyn/selection.py times the ones that pass and keeps the fastest.
+"""
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from edgedyn.registry import AUTO, BACKENDS
+from edgedyn.backends.artifact import Artifact, Build, open_executor
+from edgedyn.boards import Board, Target
+from edgedyn.errors import BackendError, EdgedynError
+from edgedyn.frontend import Specialization
+from edgedyn.passes import pipeline_passes, run_pipeline
+from edgedyn.runtime.format import host_arch
+from edgedyn.runtime.precision import FP32, REDUCED, host_features, is_native, missing_words
+from edgedyn.runtime.program import FP32_TOLERANCE, compare
+from edgedyn.turns import attempt
+
+Progress = Callable[[str], None]
+INT8 = "int8"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One thing `auto` may keep: a backend and the precision its artifact computes in (fp32, bf16, fp16, or int8
+    for a --quantize build)."""
+
+    backend: str
+    precision: str = FP32
+
+    @property
+    def label(self) -> str:
+        """`onnxruntime` for fp32, `openvino:bf16`, `tflite:int8`: the keys of the selection record."""
+        return self.backend if self.precision == FP32 else "{}:{}".format(self.backend, self.precision)
+
+    @property
+    def words(self) -> str:
+        return self.backend if self.precision == FP32 else "{} in {}".format(self.backend, self.precision)
+
+
+def candidates(board: Board, quantization: Optional[Any] = None) -> List[str]:
+    """Registered backends, the board's preference first (it breaks ties), then the rest by name; with
+    `quantization`, only those with int8 kernels."""
+    usable = [name for name, record in BACKENDS.items() if quantization is None or record.quantizes]
+    preferred = [name for name in board.backends if name in usable]
+    return preferred + sorted(name for name in usable if name not in preferred)
+
+
+def candidate_list(backend: str, board: Board, quantization: Optional[Any], precision: str, here: bool,
+                   gated: bool = True) -> List[Candidate]:
+    """The candidates of one export, in the board's preference order (it breaks ties), int8 first under
+    --quantize (a tie keeps what the user asked for).
+
+    A reduced precision is a candidate when the backend computes it on the board's architecture, the export has
+    a gate to hold it to (`gated`), and the CPU that will measure it has the feature: this host's for its own
+    board; for another board none yet (its gate needs the board's own CPU: never estimated). With --quantize and
+    a backend named, only its int8 build: the user's choice is never second-guessed."""
+    from edgedyn.quantize.precision import wanted
+
+    names = [backend] if backend != AUTO else candidates(board)
+    listed = []  # type: List[Candidate]
+    if quantization is not None:
+        listed += [Candidate(name, INT8) for name in names if BACKENDS[name].quantizes]
+        if backend != AUTO:
+            return listed
+    features = host_features() if here else frozenset()
+    for name in names:
+        for option in wanted(precision):
+            if option == FP32 or (gated and BACKENDS[name].computes(option, board.arch)
+                                  and is_native(option, board.arch, features)):
+                listed.append(Candidate(name, option))
+    return listed
+
+
+def no_candidate(backend: str, board: Board, precision: str, here: bool) -> EdgedynError:
+    """Why an export asking for `precision` has nothing to build, and what to do."""
+    able = sorted(name for name, record in BACKENDS.items() if record.computes(precision, board.arch))
+    if not able:
+        return EdgedynError("no backend computes {} on a {} CPU".format(precision, board.arch),
+                            hint="use --precision auto or fp32")
+    if backend != AUTO and backend not in able:
+        return EdgedynError("backend {} does not compute {} on a {} CPU; backends that do: {}".format(
+            backend, precision, board.arch, ", ".join(able)), hint="use --backend {} or --precision auto".format(
+                able[0]))
+    if here:
+        return EdgedynError("{} would not run natively here: this CPU lacks {}, and its accuracy is measured where "
+                            "its arithmetic happens, never estimated".format(precision,
+                                                                             missing_words(precision, board.arch)),
+                            hint="export on a machine with {}, or use --precision auto (fp32 here)".format(
+                                missing_words(precision, board.arch)))
+    return EdgedynError("{} for {} is measured on that board's CPU, and this export runs on a {} host".format(
+        precision, board.name, host_arch()), hint="use --precision auto (fp32 for another board), or export on the "
+                                                  "board itself")
+
+
+def builder(programs: Dict[str, Any], board: Board, target: Target, spec: Specialization,
+            quantization: Optional[Any]) -> Callable[[Candidate], Artifact]:
+    """Builds a candidate from the graph of the pipeline its backend's record names: `programs["default"]` (the
+    default pipeline's) or the captured program through that backend's own pipeline (run once into `programs`,
+    kept for the other candidates)."""
+    def build(candidate: Candidate) -> Artifact:
+        name = candidate.backend
+        pipeline = BACKENDS[name].pipeline
+        if pipeline not in programs:
+            programs[pipeline] = run_pipeline(spec.program, pipeline)
+        int8 = candidate.precision == INT8
+
+        def lower(tuning: bool) -> Artifact:
+            return BACKENDS[name].build(Build(
+                program=programs[pipeline], board=board, target=target, tensor_inputs=list(spec.tensor_inputs),
+                quantization=quantization if int8 else None, precision=FP32 if int8 else candidate.precision,
+                tuning=tuning))
+
+        artifact = untuned_if_wrong(lower(True), spec, lambda: lower(False))
+        if pipeline != "default":
+            artifact.meta = dict(artifact.meta, pipeline={"name": pipeline, "passes": pipeline_passes(pipeline)})
+        if not int8:
+            artifact.meta = dict(artifact.meta, precision=candidate.precision)
+        return artifact
+
+    return build
+
+
+class TuningRejectedWarning(UserWarning):
+    """A build that took tuning records disagreed with torch eager and was built again without them."""
+
+
+def untuned_if_wrong(artifact: Artifact, spec: Specialization, untuned: Callable[[], Artifact]) -> Artifact:
+    """`artifact`, or, when it took tuning records and disagrees with torch eager here, the build without them.
+
+    Note: a MetaSchedule record can compute the wrong thing (seen on x86: a tuned 1x1 convolution whose output
+    buffer holds the next depthwise convolution's padding gave a MobileNetV2 relative error 0.43) while the same
+    kernel untuned is right. The records were the user's choice, but a wrong tuned build must not cost them the
+    export: the build is made again without them, and the warning and the manifest say why.
+    """
+    import warnings
+
+    tuning = artifact.meta.get("tuning")
+    if not tuning or not tuning.get("tuned_functions") or artifact.arch not in (None, host_arch()):
+        return artifact  # untuned, or built for another CPU: the board's verify checks it there
+    try:
+        verify(artifact, spec)
+        return artifact
+    except BackendError as error:
+        reason = error.message
+    rebuilt = untuned()
+    rejected = dict(tuning, tuned_functions=0, rejected="the build with {} tuned kernels disagreed with torch "
+                    "eager ({}); built without the records".format(tuning["tuned_functions"], reason))
+    rebuilt.meta = dict(rebuilt.meta, tuning=rejected)
+    warnings.warn("tuning records of {} left out of this build: {}".format(
+        tuning.get("database", "the tuning database"), rejected["rejected"]), TuningRejectedWarning, stacklevel=2)
+    return rebuilt
+
+
+def verify(artifact: Artifact, spec: Specialization) -> bool:
+    """Runs the artifact on the example inputs: True, or EdgedynError if it disagrees with torch eager."""
+    with contextlib.ExitStack() as stack:
+        _open_checked(stack, artifact, spec)
+    return True
+
+
+def example_arrays(spec: Specialization) -> List[np.ndarray]:
+    return [np.ascontiguousarray(tensor.numpy()) for tensor in spec.example_tensors]
+
+
+def checked(stack: contextlib.ExitStack, candidate: Candidate, artifact: Artifact, spec: Specialization,
+            quantization: Optional[Any], accuracy: Optional[Any], rejected: Dict[str, str], missed: List[str],
+            step: Progress) -> Any:
+    """The candidate's executor, open until `stack` closes, once it agrees with torch eager and, for int8 or a
+    reduced float precision, meets its accuracy gate; else None, the reason in `rejected` (a gate miss, with its
+    numbers, also in `missed`) and in the progress.
+
+    Note: the gate is checked per candidate, not only on the winner, because the fastest reduced-precision
+    artifact is not always the most accurate (the zoo's MobileViT: TFLite's full-integer graph 0.955, the
+    onnxruntime dynamic-int8 one 0.9997); one that misses must cost the user neither the export nor the others."""
+    label = candidate.label
+    executor = attempt(label, lambda: _open_checked(stack, artifact, spec), rejected)
+    gate = None  # type: Optional[Callable[[], Any]]
+    if executor is not None and candidate.precision == INT8 and getattr(quantization, "held_out", None) is not None:
+        gate = lambda: quantization.held_out(candidate.backend, executor.run)  # noqa: E731
+    elif executor is not None and candidate.precision in REDUCED:
+        gate = lambda: artifact.meta.__setitem__(  # noqa: E731
+            "accuracy", accuracy.check(label, candidate.precision, executor.run))
+    if gate is not None and attempt(label, lambda: gate() or True, rejected) is None:
+        # The record goes into a bundle that may well be written (with another candidate): no "no bundle" in it.
+        rejected[label] = rejected[label].replace("; no bundle was written", "")
+        missed.append(label)
+        executor = None
+    if executor is None:
+        step("{}: rejected ({})".format(label, rejected[label]))
+    return executor
+
+
+def gated(artifact: Artifact, candidate: Candidate, spec: Specialization, accuracy: Any) -> Dict[str, Any]:
+    """The accuracy record of a reduced-precision artifact that runs here, once it meets the gate (EdgedynError with
+    the numbers when it misses)."""
+    with open_executor(artifact) as (executor, record):
+        _check_outputs(artifact, record, executor.run(example_arrays(spec)), spec.reference_outputs)
+        return accuracy.check(candidate.label, candidate.precision, executor.run)
+
+
+def _open_checked(stack: contextlib.ExitStack, artifact: Artifact, spec: Specialization) -> Any:
+    """The artifact's executor, open until `stack` closes, once its outputs on the example inputs agree with torch
+    eager (EdgedynError if they do not)."""
+    with contextlib.ExitStack() as opened:  # closed again at once when the check fails
+        executor, record = opened.enter_context(open_executor(artifact))
+        _check_outputs(artifact, record, executor.run(example_arrays(spec)), spec.reference_outputs)
+        stack.enter_context(opened.pop_all())
+    return executor
+
+
+def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],
+                   expected: List[np.ndarray]) -> None:
+    if len(outputs) != len(expected):
+        raise BackendError("{} returned {} outputs, torch eager {}".format(
+            artifact.backend, len(outputs), len(expected)))
+    if "quantization" in record or record.get("precision") in REDUCED:
+        _check_sane(artifact, outputs, expected, "int8" if "quantization" in record else record["precision"])
+        return
+    tolerance = record.get("tolerance", FP32_TOLERANCE)
+    for index, (got, want) in enumerate(zip(outputs, expected)):
+        result = compare(np.asarray(got), want, tolerance)
+        if not result["ok"]:
+            raise BackendError("{} disagrees with torch eager on output {}: {}".format(
+                artifact.backend, index, result.get("error") or "max relative error {:.3g} (rtol {})".format(
+                    result["max_rel"], tolerance["rtol"])))
+
+
+def _check_sane(artifact: Artifact, outputs: List[np.ndarray], expected: List[np.ndarray], precision: str) -> None:
+    """int8 and reduced float precisions differ from fp32 by design: only a broken artifact (cosine below
+    SANITY_COSINE) is rejected here; their gates judge the rest."""
+    from edgedyn.quantize.accuracy import SANITY_COSINE, output_metrics
+
+    for index, (got, want) in enumerate(zip(outputs, expected)):
+        if np.shape(got) != np.shape(want):
+            raise BackendError("{} output {}: shape {} != expected {}".format(
+                artifact.backend, index, np.shape(got), np.shape(want)))
+        cosine = output_metrics([got], [want])["cosine"]
+        if not np.all(np.isfinite(got)) or cosine < SANITY_COSINE:
+            raise BackendError("{} ({}) output {} has cosine {:.3f} to torch eager, below {}: a broken artifact, not "
+                               "{} rounding".format(artifact.backend, precision, index, cosine, SANITY_COSINE,
+                                                    precision))

@@ -1,0 +1,118 @@
+"""Checks of an OpenVINO IR (model.xml + weights.bin) before OpenVINO reads it: the border where a bundle's bytes
+become allocations.
+
+OpenVINO trusts its IR: a Const layer's offset and size index the weights buffer, and every port's dims size a
+tensor the CPU plugin allocates. A damaged or edited bundle could point outside the buffer or ask for terabytes.
+So the XML is parsed here first (no DOCTYPE, so no entity expansion), each Const's slice is checked against the
+weights' length and its own shape and element type, and the tensors the ports declare are summed against what the
+manifest says one call needs. Standard library and numpy only, Python 3.8 syntax.
+"""
+import xml.etree.ElementTree as ElementTree
+from typing import Dict, List, Optional
+
+from edgedyn.runtime import schema
+from edgedyn.runtime.errors import BundleError
+
+IR_VERSIONS = ("10", "11")
+MAX_LAYERS = 200000
+MAX_XML_BYTES = 256 << 20
+# Bytes per element of the element types an IR's Const and ports use; any other is refused.
+ELEMENT_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u64": 8, "u32": 4,
+                 "u16": 2, "u8": 1, "boolean": 1}
+# Element types stored as sub-byte packs or strings: not in edgedyn's IRs (it writes float, integer and bool only).
+REFUSED_TYPES = ("u1", "u4", "i4", "nf4", "f8e4m3", "f8e5m2", "string", "dynamic", "undefined")
+
+
+def check_ir(xml: bytes, weights_bytes: int, declared: Optional[int], label: str) -> int:
+    """Checks the IR described in the module docstring; returns the bytes its ports declare. BundleError on a
+    problem, naming `label` (the bundle and member)."""
+    if len(xml) > MAX_XML_BYTES:
+        raise _bad(label, "the model XML is {} bytes, above {}".format(len(xml), MAX_XML_BYTES))
+    head = xml[:4096].lower()
+    if b"<!doctype" in head or b"<!entity" in xml.lower():
+        raise _bad(label, "the model XML declares a DOCTYPE or entities; an OpenVINO IR has none")
+    try:
+        root = ElementTree.fromstring(xml)
+    except (ElementTree.ParseError, ValueError) as error:
+        raise _bad(label, "the model XML does not parse ({})".format(schema.short(str(error))))
+    if root.tag != "net" or root.get("version") not in IR_VERSIONS:
+        raise _bad(label, "expected an OpenVINO IR <net version=\"10|11\">, got <{} version={!r}>".format(
+            schema.short(root.tag), schema.short(root.get("version"))))
+    layers = root.find("layers")
+    if layers is None:
+        raise _bad(label, "the model XML has no <layers>")
+    declared_total = 0
+    for index, layer in enumerate(layers):
+        if index >= MAX_LAYERS:
+            raise _bad(label, "more than {} layers".format(MAX_LAYERS))
+        where = "layer {} ({})".format(schema.short(layer.get("name"), 60), schema.short(layer.get("type"), 30))
+        if layer.get("type") == "Const":
+            _check_const(layer, weights_bytes, label, where)
+        for port in layer.findall("input/port"):
+            _port_bytes(port, label, where)
+        for port in layer.findall("output/port"):  # each tensor once: where it is made
+            declared_total += _port_bytes(port, label, where)
+    limit = 4 * ((declared if declared is not None else 16 * weights_bytes) + weights_bytes) + (1 << 20)
+    if declared_total > limit:
+        raise _bad(label, "its layers declare tensors of {} bytes, far above the {} its manifest allows".format(
+            declared_total, limit))
+    return declared_total
+
+
+def _check_const(layer: ElementTree.Element, weights_bytes: int, label: str, where: str) -> None:
+    data = layer.find("data")
+    if data is None:
+        raise _bad(label, "{}: a Const without <data>".format(where))
+    element = data.get("element_type", "")
+    offset, size = _integer(data.get("offset"), label, where + " offset"), _integer(data.get("size"), label,
+                                                                                      where + " size")
+    if offset + size > weights_bytes:
+        raise _bad(label, "{}: bytes {}..{} lie outside the {}-byte weights".format(where, offset, offset + size,
+                                                                                   weights_bytes))
+    shape = [_integer(d, label, where + " shape") for d in (data.get("shape") or "").split(",") if d.strip()]
+    if element not in ELEMENT_BYTES:
+        raise _bad(label, "{}: element type {!r} is not one edgedyn writes".format(where, schema.short(element)))
+    expected = ELEMENT_BYTES[element]
+    for dim in shape:
+        expected *= dim
+    if expected != size:
+        raise _bad(label, "{}: shape {} of {} takes {} bytes, but its size says {}".format(
+            where, shape, element, expected, size))
+
+
+def _port_bytes(port: ElementTree.Element, label: str, where: str) -> int:
+    dims = [_integer(d.text, label, where + " port dim") for d in port.findall("dim")]
+    if len(dims) > schema.MAX_RANK:
+        raise _bad(label, "{}: a port of rank {}, above {}".format(where, len(dims), schema.MAX_RANK))
+    element = port.get("precision", "FP32").lower()
+    element = {"fp32": "f32", "fp16": "f16", "fp64": "f64", "bool": "boolean"}.get(element, element)
+    if element in REFUSED_TYPES:
+        raise _bad(label, "{}: a port of element type {!r}".format(where, element))
+    total = ELEMENT_BYTES.get(element, 8)
+    for dim in dims:
+        total *= dim
+    return total
+
+
+def _integer(text: Optional[str], label: str, where: str) -> int:
+    try:
+        value = int((text or "").strip())
+    except ValueError:
+        raise _bad(label, "{}: expected a whole number, got {!r}".format(where, schema.short(text)))
+    if value < 0:
+        raise _bad(label, "{}: {} is negative (edgedyn's IRs have static shapes)".format(where, value))
+    return value
+
+
+def _bad(label: str, what: str) -> BundleError:
+    return BundleError("{} is not a valid OpenVINO IR: {}".format(label, what), hint=schema.HINT)
+
+
+def outputs_in_order(names: List[str], described: Dict[str, int]) -> List[int]:
+    """Indices of `names` among a compiled model's outputs (`described`: name -> index); BundleError when one is
+    missing."""
+    missing = [name for name in names if name not in described]
+    if missing:
+        raise BundleError("the OpenVINO model has no output(s) {}; it has {}".format(
+            schema.bounded(missing), schema.bounded(sorted(described))), hint=schema.HINT)
+    return [described[name] for name in names]

@@ -1,0 +1,214 @@
+"""The openvino backend end to end: fp32 equal to torch eager, bf16/fp16 gated and really computed in the reduced
+precision where the CPU has it, the IR checked before OpenVINO reads it, and `auto` over (backend, precision)."""
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgedyn
+import edgedyn.runtime as rt
+from edgedyn.errors import EdgedynError
+from edgedyn.runtime import precision as precisions
+from edgedyn.runtime.errors import BundleError
+from edgedyn.runtime.executors.openvino_ir import check_ir
+
+from conftest import ALL_MODELS, EXAMPLES, RTOL, assert_matches_torch, require
+
+pytestmark = pytest.mark.requires("openvino", "onnx")
+BF16_HERE = precisions.is_native("bf16", "x86_64", precisions.host_features())
+
+
+@pytest.fixture(scope="module")
+def openvino_bundle(export_example):
+    return lambda name: export_example(name, backend="openvino")
+
+
+@pytest.mark.parametrize("name", sorted(ALL_MODELS))
+def test_fp32_matches_torch_on_fresh_inputs(openvino_bundle, name):
+    program = rt.load(openvino_bundle(name), threads=2)
+    assert all(spec.precision() == ("fp32", None) for spec in program.specializations)
+    assert_matches_torch(program, name, seed=2025)
+
+
+def test_fp32_bundle_is_portable_verifies_and_records_its_settings(openvino_bundle):
+    bundle = openvino_bundle("mobilenet_v2")
+    (spec,) = rt.read_manifest(bundle)["specializations"]
+    (artifact,) = spec["artifacts"]
+    assert (artifact["backend"], artifact["executor"], artifact["arch"], artifact["precision"]) == (
+        "openvino", "openvino", None, "fp32")
+    assert sorted(artifact["files"]) == ["model", "weights"]
+    assert artifact["openvino"]["weights"] == "fp32" and artifact["requires"] == {"python": ["openvino>=2024.0"]}
+    results = rt.load(bundle).verify()
+    assert results and all(r["ok"] and r["max_rel"] < RTOL for r in results), results
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_bf16_really_computes_in_bf16_where_the_cpu_has_it(tmp_path):
+    """On a CPU with AVX512_BF16 or AMX the bf16 artifact computes in bf16: OpenVINO reports it, and the outputs
+    carry its numerical signature (off fp32 by far more than fp32 rounding, within the gate). Elsewhere the export
+    refuses bf16 in words: its accuracy could not be measured where its arithmetic happens."""
+    model = str(EXAMPLES / "mobilenet_v2.py:MobileNetV2")
+    if not BF16_HERE:
+        with pytest.raises(EdgedynError) as raised:
+            edgedyn.export(model, inputs=["x=1x3x96x96"], backend="openvino", precision="bf16",
+                           output=tmp_path / "m.edgedyn")
+        assert "bf16 would not run natively here: this CPU lacks avx512_bf16 or amx_bf16" in raised.value.message
+        return
+    path = edgedyn.export(model, inputs=["x=1x3x96x96"], backend="openvino", precision="bf16",
+                          output=tmp_path / "m.edgedyn")
+    (spec,) = rt.read_manifest(path)["specializations"]
+    (artifact,) = spec["artifacts"]
+    assert artifact["precision"] == "bf16" and artifact["openvino"]["weights"] == "fp16"
+    accuracy = artifact["accuracy"]
+    assert accuracy["gate"] == {"min_cosine": 0.999} and accuracy["samples"] == 9
+    assert all(o["cosine"] >= 0.999 for o in accuracy["outputs"])
+    program = rt.load(path, threads=2)
+    (loaded,) = program.specializations
+    assert loaded.precision() == ("bf16", None)
+    assert loaded.executor.describe()["inference_precision"] == "bf16"
+    assert "in bf16" in loaded.selection()
+    import torch
+
+    from conftest import torch_model
+
+    x = np.random.default_rng(11).standard_normal((1, 3, 96, 96)).astype(np.float32)
+    with torch.no_grad():
+        want = torch_model("mobilenet_v2")(torch.from_numpy(x)).numpy()
+    got = program(x)
+    relative = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    assert relative > 20 * RTOL, relative  # not fp32: bf16 keeps 8 bits of mantissa
+    assert _cosine(got, want) >= 0.999
+    results = program.verify()
+    assert all(r["ok"] and r["precision"] == "bf16" and r["cosine"] >= 0.999 for r in results), results
+
+
+def test_a_bf16_artifact_computes_fp32_on_a_cpu_without_it_and_says_why(monkeypatch, tmp_path):
+    """What a board without the feature does: the executor asks OpenVINO for f32, and the runtime's report says
+    why (as the GPU-to-CPU fallback does)."""
+    require(BF16_HERE, "needs a bf16 bundle, which only a CPU with AVX512_BF16 or AMX exports",
+            "run it on such a CPU (Zen 4, Cooper Lake, Sapphire Rapids or newer)")
+    path = edgedyn.export(str(EXAMPLES / "tiny_cnn.py:TinyCNN"), inputs=["x=1x3x64x64"], backend="openvino",
+                          precision="bf16", output=tmp_path / "t.edgedyn")
+    monkeypatch.setattr(precisions, "_HOST", frozenset({"avx2", "fma"}))
+    program = rt.load(path)
+    (spec,) = program.specializations
+    assert spec.precision() == ("fp32", "bf16 artifact computes in fp32 here: this CPU lacks avx512_bf16 or amx_bf16")
+    assert spec.executor.describe()["inference_precision"] == "f32"
+    assert "in fp32 (bf16 artifact computes in fp32 here" in spec.selection()
+    assert all(r["ok"] for r in program.verify())
+
+
+def test_auto_on_this_host_weighs_every_backend_and_precision(tmp_path):
+    """The default export's candidates: fp32 on every backend, and bf16 through OpenVINO where the CPU has it, each
+    checked (bf16 by the gate) and timed in turns; the record holds every candidate's time."""
+    lines = []
+    path = edgedyn.export(str(EXAMPLES / "mobilenet_v2.py:MobileNetV2"), inputs=["x=1x3x96x96"],
+                          output=tmp_path / "m.edgedyn", progress=lines.append)
+    (spec,) = rt.read_manifest(path)["specializations"]
+    (artifact,) = spec["artifacts"]
+    selection = artifact["selection"]
+    assert selection["mode"] == "measured" and {"onnxruntime", "openvino"} <= set(selection["medians_ms"])
+    assert ("openvino:bf16" in selection["medians_ms"]) == BF16_HERE
+    assert selection["candidate"] == (artifact["backend"] if selection["precision"] == "fp32"
+                                      else "{}:{}".format(artifact["backend"], selection["precision"]))
+    assert any(line.startswith("chose {} for x=1x3x96x96".format(selection["candidate"])) for line in lines)
+    assert all(r["ok"] for r in rt.load(path).verify())
+
+
+def test_precision_fp32_builds_no_reduced_candidate(tmp_path):
+    path = edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], precision="fp32",
+                          output=tmp_path / "m.edgedyn")
+    (spec,) = rt.read_manifest(path)["specializations"]
+    medians = spec["artifacts"][0]["selection"]["medians_ms"]
+    assert medians and not any(":" in label for label in medians)
+
+
+def test_a_reduced_precision_that_misses_the_gate_is_dropped_with_its_numbers(tmp_path):
+    """--max-accuracy-drop replaces the float gate: one no bf16 arithmetic can meet drops every bf16 candidate, and
+    auto keeps fp32, naming the miss; asked for bf16 alone, the export fails with the numbers."""
+    require(BF16_HERE, "needs a CPU with AVX512_BF16 or AMX", "run it on such a CPU (Zen 4, Cooper Lake, Sapphire "
+                                                               "Rapids or newer)")
+    model = str(EXAMPLES / "mobilenet_v2.py:MobileNetV2")
+    path = edgedyn.export(model, inputs=["x=1x3x96x96"], max_accuracy_drop="cosine=0.9999999",
+                          output=tmp_path / "m.edgedyn")
+    (spec,) = rt.read_manifest(path)["specializations"]
+    selection = spec["artifacts"][0]["selection"]
+    assert selection["precision"] == "fp32"
+    assert "openvino:bf16 in bf16 misses --max-accuracy-drop: output_0 cosine 0.99" in selection["rejected"][
+        "openvino:bf16"]
+    with pytest.raises(EdgedynError) as raised:
+        edgedyn.export(model, inputs=["x=1x3x96x96"], backend="openvino", precision="bf16",
+                       max_accuracy_drop="cosine=0.9999999", output=tmp_path / "n.edgedyn")
+    assert "misses --max-accuracy-drop: output_0 cosine" in raised.value.message
+    assert not (tmp_path / "n.edgedyn").exists()
+
+
+def test_precisions_another_board_cannot_measure_here_are_refused_in_words(tmp_path):
+    with pytest.raises(EdgedynError) as raised:
+        edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], board="raspberry-pi-5", backend="openvino",
+                       precision="fp16", output=tmp_path / "m.edgedyn")
+    assert raised.value.message.startswith("fp16 for raspberry-pi-5 is measured on that board's CPU")
+    with pytest.raises(EdgedynError) as raised:
+        edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], backend="tvm", precision="bf16",
+                       output=tmp_path / "m.edgedyn")
+    assert raised.value.message == "backend tvm does not compute bf16 on a x86_64 CPU; backends that do: openvino"
+    with pytest.raises(EdgedynError) as raised:
+        edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], precision="fp8")
+    assert raised.value.message == "unknown precision 'fp8'; choose from: auto, fp32, bf16, fp16"
+
+
+def test_the_precision_table_is_data():
+    assert precisions.is_native("fp16", "aarch64", {"fp16"})  # a board file's word
+    assert precisions.is_native("fp16", "aarch64", {"fphp", "asimdhp"})  # Linux's
+    assert not precisions.is_native("fp16", "aarch64", {"fphp"})
+    assert precisions.is_native("bf16", "x86_64", {"amx_bf16"}) and not precisions.is_native("bf16", "aarch64",
+                                                                                              {"amx_bf16"})
+    assert precisions.effective("fp16", "aarch64", {"asimd"}) == (
+        "fp32", "fp16 artifact computes in fp32 here: this CPU lacks fphp+asimdhp")
+    assert precisions.effective("bf16", "x86_64", {"avx512_bf16"}) == ("bf16", None)
+
+
+def _ir(openvino_bundle) -> tuple:
+    import zipfile
+
+    with zipfile.ZipFile(str(openvino_bundle("tiny_cnn"))) as archive:
+        names = archive.namelist()
+        xml = archive.read(next(n for n in names if n.endswith("model.xml")))
+        weights = archive.read(next(n for n in names if n.endswith("weights.bin")))
+    return xml, weights
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda x: x.replace(b"<net", b'<!DOCTYPE net [<!ENTITY a "aa">]><net', 1), "declares a DOCTYPE or entities"),
+    (lambda x: x.replace(b'offset="0"', b'offset="99999999"', 1), "lie outside the"),
+    (lambda x: x.replace(b"<dim>64</dim>", b"<dim>6400000000</dim>", 1), "far above the"),
+    (lambda x: x.replace(b"<dim>64</dim>", b"<dim>-1</dim>", 1), "is negative"),
+    (lambda x: x.replace(b'version="11"', b'version="99"', 1), "expected an OpenVINO IR"),
+    (lambda x: x[: len(x) // 2], "does not parse"),
+])
+def test_the_ir_is_checked_before_openvino_reads_it(openvino_bundle, edit, words):
+    xml, weights = _ir(openvino_bundle)
+    check_ir(xml, len(weights), None, "m")  # the real one passes
+    with pytest.raises(BundleError) as raised:
+        check_ir(edit(xml), len(weights), None, "bundle m.edgedyn: model.xml")
+    assert raised.value.message.startswith("bundle m.edgedyn: model.xml is not a valid OpenVINO IR: ")
+    assert words in raised.value.message
+
+
+def test_board_properties_reach_the_artifact_and_bad_ones_are_refused(tmp_path):
+    from edgedyn.boards import load_board
+    from edgedyn.runtime.executors.openvino import properties
+
+    assert properties({}) == {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+    with pytest.raises(BundleError) as raised:
+        properties({"openvino": {"properties": {"CACHE_DIR": "/tmp"}}})
+    assert "openvino.properties: CACHE_DIR = /tmp is not allowed" in raised.value.message
+    board = dataclasses.replace(load_board("x86-64"), openvino_properties={"ENABLE_CPU_PINNING": False})
+    from edgedyn.backends.openvino import board_properties
+
+    assert board_properties(board) == {"ENABLE_CPU_PINNING": False}
