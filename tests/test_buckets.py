@@ -238,6 +238,22 @@ def test_batch_buckets_pad_with_zeros_and_match_per_sample(tmp_path):
         _assert_close(program(x), _eager(model, x=x)["output"].numpy())
 
 
+def test_left_padding_keeps_the_end_of_each_output(tmp_path):
+    model = TokenModel().eval()  # no positions: padding on the left is as invariant as on the right
+    path = edgedyn.export(model, inputs=TOKENS, pad="input_ids=0,attention_mask=0", pad_side="left",
+                          backend="portable", output=tmp_path / "left.edgedyn")
+    program = rt.load(path)
+    assert program.manifest["buckets"][0]["padding"]["source"] == ("--pad input_ids=0,attention_mask=0 "
+                                                                   "--pad-side left")
+    ids = np.arange(3, 9, dtype=np.int64)[None]
+    spec, arrays, _ = program.route_call((ids, np.ones_like(ids)), {})
+    assert arrays[0].tolist() == [[0, 0, 3, 4, 5, 6, 7, 8]] and arrays[1].tolist() == [[0, 0] + [1] * 6]
+    want = _eager(model, input_ids=ids, attention_mask=np.ones_like(ids))
+    got = program(ids, np.ones_like(ids))
+    _assert_close(got["tokens"], want["tokens"].numpy())
+    _assert_close(got["logits"], want["logits"].numpy())
+
+
 def test_exact_buckets_without_pad_say_how_to_pad(tmp_path):
     path = edgedyn.export(TokenModel(), inputs=TOKENS, backend="portable", output=tmp_path / "exact.edgedyn")
     program = rt.load(path)
