@@ -110,46 +110,64 @@ class BucketGroup:
         if failure is not None:  # the relaxed guards held, so this is an edited bundle or a bug: say what failed
             raise GuardError("{} padded to {} fails its own guards: {}".format(self._named(), self.sizes[index],
                                                                                failure))
-        return spec, arrays, self.slicer(length)
+        return spec, arrays, self.slicer(length, spec)
 
     def pad(self, value: np.ndarray, name: str, size: int) -> np.ndarray:
         """`value` with its bucketed dim filled up to `size` by the pad value (on the recorded side)."""
         axis = self.inputs[name]
-        length = value.shape[axis]
-        if length == size:
+        if value.shape[axis] == size:
             return np.ascontiguousarray(value)
         shape = list(value.shape)
         shape[axis] = size
+        valid, filler = self._parts(value.ndim, axis, value.shape[axis], size)
         padded = np.empty(shape, value.dtype)
-        valid = [slice(None)] * value.ndim
-        filler = [slice(None)] * value.ndim
+        padded[valid] = value
+        padded[filler] = self.padding["values"][name]
+        return padded
+
+    def _parts(self, ndim: int, axis: int, length: int, size: int) -> Tuple[Tuple[slice, ...], Tuple[slice, ...]]:
+        """The index of the valid part and of the filler in a padded array."""
+        valid = [slice(None)] * ndim
+        filler = [slice(None)] * ndim
         if self.padding["side"] == "right":
             valid[axis], filler[axis] = slice(0, length), slice(length, size)
         else:
             valid[axis], filler[axis] = slice(size - length, size), slice(0, size - length)
-        padded[tuple(valid)] = value
-        padded[tuple(filler)] = self.padding["values"][name]
-        return padded
+        return tuple(valid), tuple(filler)
 
-    def slicer(self, length: int) -> Finish:
-        """Cuts each output to the part a call of `length` would have given (outputs without axes stay whole)."""
+    def steps(self, spec: Specialization, names: Sequence[str], values: Dict[str, Any], length: int) -> List[Any]:
+        """How the fast path builds a padded call's executor inputs again: per input of `spec`, its position among
+        the arguments and, for a bucketed one, the padded shape, the two parts' indices and the pad value."""
+        size = self.sizes[self.specs.index(spec)]
+        steps = []  # type: List[Any]
+        for name in spec.inputs:
+            if name not in self.inputs:
+                steps.append((list(names).index(name), None, None, None, None))
+                continue
+            shape = list(values[name].shape)
+            shape[self.inputs[name]] = size
+            valid, filler = self._parts(len(shape), self.inputs[name], length, size)
+            steps.append((list(names).index(name), tuple(shape), valid, filler, self.padding["values"][name]))
+        return steps
+
+    def slicer(self, length: int, spec: Specialization) -> Finish:
+        """Cuts each output of `spec` to the part a call of `length` would have given (outputs without axes stay
+        whole); the indices are computed here, once per call shape."""
         right = self.padding["side"] == "right"
-        cuts = [{rule["axis"]: max(0, (rule["scale"] * length + rule["offset"]) // rule["divisor"])
-                 for rule in record["axes"]} for record in self.padding["outputs"]]
+        cuts = []  # type: List[Optional[Tuple[slice, ...]]]
+        for record, output in zip(self.padding["outputs"], spec.outputs):
+            if not record["axes"]:
+                cuts.append(None)
+                continue
+            index = [slice(None)] * len(output["shape"])
+            for rule in record["axes"]:
+                extent = output["shape"][rule["axis"]]
+                valid = min(extent, max(0, (rule["scale"] * length + rule["offset"]) // rule["divisor"]))
+                index[rule["axis"]] = slice(0, valid) if right else slice(extent - valid, extent)
+            cuts.append(tuple(index))
 
         def finish(outputs: List[np.ndarray]) -> List[np.ndarray]:
-            done = []
-            for output, cut in zip(outputs, cuts):
-                if not cut:
-                    done.append(output)
-                    continue
-                index = [slice(None)] * output.ndim
-                for axis, valid in cut.items():
-                    extent = output.shape[axis]
-                    valid = min(valid, extent)
-                    index[axis] = slice(0, valid) if right else slice(extent - valid, extent)
-                done.append(np.ascontiguousarray(output[tuple(index)]))
-            return done
+            return [output if cut is None else np.ascontiguousarray(output[cut]) for output, cut in zip(outputs, cuts)]
         return finish
 
 
@@ -167,26 +185,29 @@ class BucketDispatch:
         self.groups = [BucketGroup(record, specializations, names) for record in records]
         self._names = list(names)
         self._padded = [group for group in self.groups if group.padding is not None]
-        self._seen = {}  # type: Dict[Tuple[Any, ...], Tuple[BucketGroup, int, Finish]]
+        self._seen = {}  # type: Dict[Tuple[Any, ...], Tuple[Specialization, List[Any], Finish]]
         self._lock = threading.Lock()
 
     def fast(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> Optional[Routed]:
         """The padded route of a call whose shapes were routed before; None otherwise (take the general path)."""
-        if not self._padded:
+        if not self._padded or len(args) + len(kwargs) != len(self._names):
             return None
-        values = self._values(args, kwargs)
-        if values is None:
-            return None
-        key = _key(values)
+        values = args if not kwargs else self._values(args, kwargs)
+        key = _key(values) if values is not None else None
         seen = self._seen.get(key) if key is not None else None
         if seen is None:
             return None
-        group, index, finish = seen
-        spec = group.specs[index]
-        size = group.sizes[index]
-        bound = dict(zip(self._names, values))
-        arrays = [group.pad(bound[name], name, size) if name in group.inputs else np.ascontiguousarray(bound[name])
-                  for name in spec.inputs]
+        spec, steps, finish = seen
+        arrays = []
+        for position, shape, valid, filler, fill in steps:
+            value = values[position]
+            if shape is None:
+                arrays.append(np.ascontiguousarray(value))
+                continue
+            padded = np.empty(shape, value.dtype)
+            padded[valid] = value
+            padded[filler] = fill
+            arrays.append(padded)
         return spec, arrays, finish
 
     def route(self, values: Dict[str, Any]) -> Optional[Routed]:
@@ -196,12 +217,13 @@ class BucketDispatch:
             routed = group.route(values)
             if routed is None:
                 continue
-            key = _key([values[name] for name in self._names]) if all(n in values for n in self._names) else None
+            key = _key([values[name] for name in self._names])
             if key is not None:
+                plan = (routed[0], group.steps(routed[0], self._names, values, group.length(values)), routed[2])
                 with self._lock:
                     if len(self._seen) >= _CACHED_CALLS:
                         self._seen.clear()
-                    self._seen[key] = (group, group.specs.index(routed[0]), routed[2])  # finish: stateless
+                    self._seen[key] = plan
             return routed
         return None
 
@@ -350,7 +372,7 @@ def _key(values: Sequence[Any]) -> Optional[Tuple[Any, ...]]:
     key = []  # type: List[Any]
     for value in values:
         if type(value) is np.ndarray:
-            key.append((value.dtype.str, value.shape))
+            key.append((value.dtype, value.shape))
         elif type(value) in (int, float, bool):
             key.append((type(value), value))
         else:
