@@ -441,5 +441,6 @@ def test_cli_refusal_and_shell_expanded_braces_are_errors_with_hints(run_cli, tm
     expanded = run_cli("export", "{}:mean".format(model), "--input", "x=1x4", "x=1x8", "-o",
                        str(tmp_path / "x.edgedyn"))
     assert expanded.returncode == 2
-    assert "the shell expanded the braces of a bucketed --input into separate words" in expanded.stderr
+    assert "error: unexpected argument x=1x8: the shell expanded the braces of a bucketed --input into separate " \
+           "words" in expanded.stderr
     assert "hint: quote the option so edgedyn sees the braces: --input 'x=1x{16,32,64}:int64'" in expanded.stderr

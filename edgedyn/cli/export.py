@@ -58,14 +58,11 @@ def export_command(
     = None,
     sign: Annotated[Optional[Path], typer.Option("--sign", help="Sign the bundle with this Ed25519 private key "
                                                  "(`edgedyn keygen`); boards check it with --trusted-keys.")] = None,
-    extra: Annotated[Optional[List[str]], typer.Argument(hidden=True)] = None,
 ) -> None:
     """Capture MODEL at its example inputs, optimize and compile it for BOARD, and write one bundle file."""
     from edgedyn.exporter import export
     from edgedyn.runtime.format import Bundle
 
-    if extra:
-        _unexpected(extra, input_ or [])
     if output is not None:
         output_file(output, "-o")
     if sign is not None and not sign.is_file():
@@ -95,17 +92,3 @@ def export_command(
                 err.print("{}: {}".format(spec["name"], line))
     out.print(str(path))
 
-
-def _unexpected(extra: List[str], inputs: List[str]) -> None:
-    """Words after the options: most likely a shell that expanded `x=1x{16,32}` into `x=1x16 x=1x32`."""
-    from edgedyn.errors import EdgedynError
-
-    expanded = [word for word in extra if "=" in word and word.split("=")[0] in {i.split("=")[0] for i in inputs}]
-    if expanded:
-        name = expanded[0].split("=")[0]
-        raise EdgedynError("unexpected argument(s) {}: the shell expanded the braces of a bucketed --input into "
-                           "separate words".format(" ".join(extra)),
-                           hint="quote the option so edgedyn sees the braces: --input '{}=1x{{16,32,64}}:int64'".format(
-                               name))
-    raise EdgedynError("unexpected argument(s): {}".format(" ".join(extra)),
-                       hint="export takes one MODEL; give inputs as --input NAME=VALUE")
