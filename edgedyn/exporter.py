@@ -14,6 +14,8 @@ from edgedyn.boards import Board, Target, load_board
 from edgedyn.bundle import BundleWriter
 from edgedyn.errors import EdgedynError
 from edgedyn.frontend import Captured, Specialization, capture
+from edgedyn.frontend.buckets import parse_pad
+from edgedyn.frontend.padding import prove_padding
 from edgedyn.passes import PIPELINES, run_pipeline
 from edgedyn.passes.graph import op_count
 from edgedyn.runtime.format import SUFFIX, host_arch, pack_arrays
@@ -28,7 +30,8 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
            output: Optional[Union[str, Path]] = None, backend: str = AUTO, inputs: Optional[Sequence[str]] = None,
            pipeline: str = "default", device: str = "auto", precision: str = "auto", verify: bool = True,
            progress: Optional[Progress] = None, quantize: Optional[str] = None, calibration: Any = None,
-           eval_inputs: Any = None, max_accuracy_drop: Optional[str] = None) -> Path:
+           eval_inputs: Any = None, max_accuracy_drop: Optional[str] = None, pad: Any = None,
+           pad_side: str = "right") -> Path:
     """Exports `model` for `board` into one bundle file and returns its path.
 
     `model`: an nn.Module (instance, class or zero-argument factory), a function, or "path.py:name".
@@ -47,6 +50,9 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     input tuples, or "random") or "int8-weights"; accuracy against torch eager on `eval_inputs` (default: a
     held-out share of the calibration data) is recorded, and `max_accuracy_drop` ("top1=1%", "cosine=0.99")
     fails the export when missed (edgedyn/quantize/).
+    `pad`: for inputs given with bucket sizes (`inputs=["input_ids=1x{16,32,64}:int64"]`), the value each is padded
+    with ("input_ids=0,attention_mask=0" or a dict), on the `pad_side` ("right" or "left") of the bucketed
+    dimension; padding is proven exact against torch eager here, or refused (docs/buckets.md).
     """
     from edgedyn.quantize import plan as quantize_plan
     from edgedyn.quantize.precision import check_precision, float_gate
@@ -64,6 +70,7 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     _check_precision_available(backend, target_board, cpu_precision, quantizing)
     step("capturing {}".format(model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)))
     captured = capture(model, example_inputs, inputs=inputs)
+    prove_padding(captured, parse_pad(pad, pad_side), step)
     writer = BundleWriter()
     records = []
     for index, spec in enumerate(captured.specializations):
@@ -88,10 +95,13 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
             records[-1]["no_gpu_code"] = no_gpu_code
     path = Path(output) if output else Path("{}-{}{}".format(captured.name, target_board.name, SUFFIX))
     step("writing {}".format(path))
-    fit = _check_fit(target_board, records, writer)
+    buckets = [bucket_record(writer, number, group) for number, group in enumerate(captured.buckets)]
+    fit = _check_fit(target_board, records, writer, buckets)
     runnable = all(any(unusable_reason(a, host_arch(), "auto") is None for a in r["artifacts"]) for r in records)
-    _write_verified(writer, path, dict(_manifest(captured, target_board, records, model, pipeline), fit=fit),
-                    verify and runnable, step)
+    manifest = dict(_manifest(captured, target_board, records, model, pipeline), fit=fit)
+    if buckets:
+        manifest["buckets"] = buckets
+    _write_verified(writer, path, manifest, verify and runnable, step)
     return path
 
 
@@ -263,16 +273,33 @@ def _memory_record(writer: BundleWriter, prefix: str, optimized: Any, artifact: 
     return dict(plan.summary(), plan=member, source="graph")
 
 
-def _check_fit(board: Board, records: List[Dict[str, Any]], writer: BundleWriter) -> Dict[str, Any]:
+def bucket_record(writer: BundleWriter, number: int, group: Any) -> Dict[str, Any]:
+    """The manifest's `buckets` entry, with the proven padded calls as a member `verify` runs again."""
+    record = group.to_record()
+    if group.padding is not None and group.references:
+        arrays = {}  # type: Dict[str, np.ndarray]
+        for index, (length, inputs, outputs) in enumerate(group.references):
+            arrays.update({"{}.input.{}".format(index, name): array for name, array in inputs.items()})
+            arrays.update({"{}.output.{}".format(index, i): array for i, array in enumerate(outputs)})
+        record["padding"] = dict(record["padding"], reference=writer.add(
+            "buckets/{}/padded_calls.npz".format(number), pack_arrays(arrays)),
+            reference_lengths=[length for length, _, _ in group.references])
+    return record
+
+
+def _check_fit(board: Board, records: List[Dict[str, Any]], writer: BundleWriter,
+               buckets: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Fails when the bundle would not fit the board's memory budget (edgedyn/fit.py), warns when close."""
     import warnings
 
     from edgedyn import fit
 
     artifacts = [r["artifacts"][-1] for r in records]  # the CPU fallback: the artifact every board can run
+    arenas = fit.shared_arenas([r["memory"]["arena_bytes"] for r in records], [a["executor"] for a in artifacts],
+                               [group["specializations"] for group in buckets])
     report = fit.estimate(board, artifacts[0]["executor"], sum(len(data) for data in writer.members.values()),
                           [sum(len(writer.members[m]) for role, m in a["files"].items() if role != "plan")
-                           for a in artifacts], [r["memory"]["arena_bytes"] for r in records])
+                           for a in artifacts], arenas)
     warning = fit.check_fit(report, len(records))
     if warning:
         warnings.warn(warning, fit.FitWarning, stacklevel=3)

@@ -27,6 +27,7 @@ RUNTIME_OVERHEAD_BYTES = {b.executor: b.overhead_bytes for b in BACKENDS.values(
 UNMEASURED_OVERHEAD_BYTES = max(RUNTIME_OVERHEAD_BYTES.values())
 _IMPORTS = {b.executor: b.overhead_import for b in BACKENDS.values()}
 PORTABLE = BACKENDS["portable"].executor  # the executor whose runtime needs only numpy
+SHARES_ARENA = frozenset(b.executor for b in BACKENDS.values() if b.shares_arena)
 
 
 class FitError(EdgedynError):
@@ -81,6 +82,20 @@ def estimate(board: Board, executor: str, bundle_bytes: int, weights_bytes: Sequ
                      overhead_bytes=RUNTIME_OVERHEAD_BYTES.get(executor, UNMEASURED_OVERHEAD_BYTES),
                      overhead_measured=measured, bundle_bytes=int(bundle_bytes),
                      weights_bytes=int(sum(weights_bytes)), arena_bytes=int(sum(arena_bytes)))
+
+
+def shared_arenas(arenas: Sequence[int], executors: Sequence[str], groups: Sequence[Sequence[int]]) -> List[int]:
+    """Per specialization, the arena the board allocates for it: in a bucket group, the executors that run every
+    bucket in one arena (their registry record's `shares_arena`) allocate the group's largest once; others one each."""
+    result = list(arenas)
+    for members in groups:
+        sharing = [index for index in members if executors[index] in SHARES_ARENA]
+        if len(sharing) > 1:
+            largest = max(result[index] for index in sharing)
+            for index in sharing:
+                result[index] = 0
+            result[sharing[0]] = largest
+    return result
 
 
 def check_fit(report: FitReport, specializations: int = 1) -> Optional[str]:

@@ -47,6 +47,9 @@ class Backend:
     # The reduced float precisions (edgedyn/runtime/precision.py) its CPU artifacts can compute in, each with the CPU
     # architectures where it can: `auto` builds those the CPU has the feature for as candidates beside fp32.
     precisions: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    # Its executor runs every bucket of a group in one arena per thread, sized for the largest (runtime/buckets.py
+    # ArenaPool): the board-fit check counts that arena once per group.
+    shares_arena: bool = False
 
     def __post_init__(self) -> None:
         if ":" not in self.lower:
@@ -104,7 +107,7 @@ BACKENDS = {
         name="portable", lower="edgedyn.backends.portable:lower", executor="portable", devices=("cpu",),
         quantizes=False, extra="export", board_extra="", overhead_bytes=35 * MB,
         overhead_import="import edgedyn.runtime.executors.portable", general=False,
-        no_int8_reason="the portable executor computes in numpy float32",
+        no_int8_reason="the portable executor computes in numpy float32", shares_arena=True,
         summary="a JSON graph run by numpy kernels in one planned arena; needs nothing but numpy on the board"),
     "tflite": Backend(
         name="tflite", lower="edgedyn.backends.tflite:lower", executor="litert", devices=("cpu",),

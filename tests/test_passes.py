@@ -12,6 +12,7 @@ from edgedyn.passes.constant_folding import fold_constants
 from edgedyn.passes.dead_code import remove_dead_code
 from edgedyn.passes.decompose import decompose_to_core_aten, is_core_aten
 from edgedyn.passes.graph import op_count, op_histogram
+from edgedyn.passes.indexing import index_put_to_where, index_to_views
 from edgedyn.errors import EdgedynError
 
 RTOL = 1e-5
@@ -153,6 +154,65 @@ def test_fold_constants_leaves_uninitialized_memory_alone():
     _assert_same(Empty(), gm, (3, 4))
 
 
+class IndexByAranges(nn.Module):
+    """x[arange, arange] with broadcast aranges, as transformers reads an attention mask (padding_mask_function)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x):
+        batch, length = x.shape[0], x.shape[-1]
+        b = torch.arange(batch)[:, None, None, None]
+        k = torch.arange(length)[None, None, None, :]
+        if self.kind == "mask":  # the transformers pattern: [B, L] -> [B, 1, 1, L]
+            return x[b, k] * 2.0
+        if self.kind == "leading":  # only the first dim indexed; the trailing dims stay
+            return x[torch.arange(batch)[:, None]] + 1.0
+        if self.kind == "reversed":  # not an arange: a real gather, left alone
+            return x[b, torch.flip(k, [-1])] * 2.0
+        raise ValueError(self.kind)
+
+
+@pytest.mark.parametrize("kind, shape, rewritten", [
+    ("mask", (1, 7), True), ("mask", (3, 5), True), ("leading", (2, 3, 4), True), ("reversed", (2, 6), False)])
+def test_index_to_views_replaces_arange_gathers_with_views(kind, shape, rewritten):
+    model = IndexByAranges(kind)
+    gm = fold_constants(decompose_to_core_aten(_graph(model, shape)))
+    assert "index" in _op_names(op_histogram(gm))
+    gm = remove_dead_code(index_to_views(gm))
+    assert ("index" not in _op_names(op_histogram(gm))) == rewritten, op_histogram(gm)
+    _assert_same(model, gm, shape)
+
+
+class WritePositions(nn.Module):
+    """x[mask] = 0 and x[arange(B), positions] = 1, as transformers' audio models build their frame masks."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x):
+        if self.kind == "mask":
+            y = x.clone()
+            y[x > 0.5] = 0.0
+            return y * 3.0
+        positions = (x.abs().sum(-1) * 2).long() % x.shape[-1] - 1  # one per row, -1 wraps to the last
+        y = torch.zeros_like(x)
+        y[(torch.arange(x.shape[0]), positions)] = 1.0
+        return y + x
+
+
+@pytest.mark.parametrize("kind, shape", [("mask", (2, 5, 3)), ("positions", (1, 8)), ("positions", (3, 6))])
+def test_index_put_to_where_keeps_outputs_without_a_scatter(kind, shape):
+    model = WritePositions(kind)
+    gm = fold_constants(decompose_to_core_aten(_graph(model, shape)))
+    assert "index_put" in _op_names(op_histogram(gm))
+    gm = remove_dead_code(index_put_to_where(gm))
+    assert "index_put" not in _op_names(op_histogram(gm)), op_histogram(gm)
+    _assert_same(model, gm, shape)
+
+
 def test_remove_dead_code_drops_unused_ops_and_their_weights():
     # torch.export already drops code that is dead in the source; dead code appears when passes rewrite the graph
     # (a folded batch norm's statistics, a weight replaced by its folded copy), so add some as a pass would.
@@ -179,7 +239,8 @@ def test_default_pipeline_shrinks_and_keeps_outputs():
     assert op_count(optimized.graph_module) < op_count(spec.program.graph_module)
     _assert_same(model, optimized.module(), (1, 3, 16, 16))
     assert [p.__name__ for p in PIPELINES["default"]] == [
-        "decompose_to_core_aten", "fold_batchnorm", "fold_constants", "remove_dead_code"]
+        "decompose_to_core_aten", "fold_batchnorm", "fold_constants", "index_to_views", "index_put_to_where",
+        "remove_dead_code"]
 
 
 def test_passes_do_not_touch_the_users_model():

@@ -173,6 +173,12 @@ ZOO_OPS = {
     # sizes rounded down: torch samples with 1/scale_factor, not in/out
     "bilinear_rounded_scale": (lambda m, x: F.interpolate(x, scale_factor=2.5, mode="bilinear"), [(1, 3, 5, 6)]),
     "nearest_rounded_scale": (lambda m, x: F.interpolate(x, scale_factor=1.7, mode="nearest"), [(1, 3, 5, 6)]),
+    # wav2vec2's frame mask: frame counts by floor division, a reversed cumsum, a mask repeated over channels
+    "flip": (lambda m, x: torch.flip(x, [0, -1]) * 2 + x, [(3, 4, 5)]),
+    "repeat": (lambda m, x: x.repeat(2, 1, 3) + 1.5, [(3, 4)]),
+    "div_rounding": (lambda m, x: torch.div((x * 10).long(), 3, rounding_mode="floor").float()
+                     + torch.div(x * 7, 2.0, rounding_mode="floor") + torch.div(x * 5, 3.0, rounding_mode="trunc"),
+                     [(4, 6)]),
 }
 
 
@@ -236,12 +242,12 @@ def test_a_token_id_past_the_table_is_refused_in_words(tmp_path):
 
 
 def test_an_op_without_kernel_is_named_at_export(tmp_path):
-    def flipped(x: torch.Tensor) -> torch.Tensor:
-        return torch.flip(x, [0])
+    def products(x: torch.Tensor) -> torch.Tensor:
+        return torch.cumprod(x, 0)
 
-    with pytest.raises(BackendError, match=r"the portable backend cannot run flip \(aten\.flip\.default\): "
-                                           r"no kernel for aten\.flip\.default") as raised:
-        edgedyn.export(flipped, (torch.randn(3, 4),), backend="portable", output=tmp_path / "c.edgedyn")
+    with pytest.raises(BackendError, match=r"the portable backend cannot run cumprod \(aten\.cumprod\.default\): "
+                                           r"no kernel for aten\.cumprod\.default") as raised:
+        edgedyn.export(products, (torch.randn(3, 4),), backend="portable", output=tmp_path / "c.edgedyn")
     assert "try --backend tvm" in raised.value.hint and "convolution.default" in raised.value.hint
 
 

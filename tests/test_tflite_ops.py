@@ -118,6 +118,13 @@ CASES = {
     "cumsum": (Fn(lambda m, x: torch.cumsum(x, 1)), [(3, 7)]),
     "cumsum_channels_of_nhwc": (Fn(lambda m, x: torch.cumsum(m[0](x), 1)), [IMG], conv()),
     "sum_and_amax": (Fn(lambda m, x: x.sum(-1) + x.amax(0)), [(4, 4)]),
+    # wav2vec2's frame mask: frame counts by integer floor division, a reversed cumsum, a mask over channels
+    "flip_of_nhwc_and_flat": (Fn(lambda m, x, y: torch.flip(m[0](x), [1, 3]).sum((2, 3)) + torch.flip(y, [0])),
+                              [IMG, (1, 6)], conv()),
+    "repeat": (Fn(lambda m, x: x.repeat(2, 1, 3) + 1.5), [(3, 4)]),
+    "bool_where_repeat": (Fn(lambda m, x: torch.where((x > 0).unsqueeze(-1).repeat(1, 1, 3), 2.0, -1.0)), [(2, 5)]),
+    "int_floor_div": (Fn(lambda m, x: torch.div((x * 10).long() - 3, 4, rounding_mode="floor").float() + x),
+                      [(3, 5)]),
     # shapes and layout
     "flatten_nhwc": (Fn(lambda m, x: torch.flatten(m[0](x), 1)), [IMG], conv()),
     "view_permute_reshape": (Fn(lambda m, x: x.view(2, 3, 4).permute(2, 0, 1).reshape(4, 6)), [(6, 4)]),

@@ -36,6 +36,11 @@ def bench_command(
                                                    "timed, at most 1000).")] = 0,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
     = "auto",
+    length: Annotated[Optional[int], typer.Option(help="Time random inputs of this length on the bucketed dims: "
+                                                       "padded to the next bucket and sliced back.")] = None,
+    buckets: Annotated[bool, typer.Option("--buckets", help="Time each bucket at a length between it and the one "
+                                                            "below (padding and slicing included) and print one "
+                                                            "row per bucket.")] = False,
     emulate: Annotated[bool, typer.Option("--emulate", help="Run it on an emulated board of the bundle's kind "
                                           "(qemu-user): checks that it runs there; the timings mean nothing.")]
     = False,
@@ -60,11 +65,14 @@ def bench_command(
     options = dict(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
                    threads=threads, specialization=specialization, inputs=str(inputs) if inputs is not None else None,
                    random_inputs=random_inputs, device=device, profile=profile,
-                   profile_runs=profile_runs if profile else 0)
+                   profile_runs=profile_runs if profile else 0, length=length)
     config = BenchConfig(**options)  # checked here, before any board is asked for
     if instructions or cpu is not None or calls is not None:
         _check_instruction_options(instructions, emulate, remote, config, cpu, calls)
         _bench_instructions(bundle, config, cpu, calls, json_path)
+        return
+    if buckets:
+        _bench_buckets(bundle, config, json_path, remote is not None or emulate)
         return
     if remote is not None:
         if emulate:
@@ -232,6 +240,9 @@ def summary_table(report: Dict[str, Any]) -> Table:
                                                          ", high" if report["cv"] > 0.10 else "")),
         ("throughput", "{:.1f} inferences/s".format(report["throughput_per_s"])),
         ("guard check", "{:.1f} us per call".format(report["guard_overhead_us"])),
+        ("dispatch", "{:.1f} us per call, {:.2%} of the median (guards, routing{})".format(
+            report["dispatch_us"], report["dispatch_share"],
+            ", padding and slicing back" if "length" in report["inputs"]["source"] else "")),
         ("peak RSS", "{:.1f} MB".format(report["peak_rss_mb"]) if report["peak_rss_mb"] is not None else "unknown"),
         ("allocated per call", "{} beyond the {} of outputs ({})".format(
             human_bytes(report["per_call_allocations"]["beyond_outputs_bytes"]),
@@ -255,7 +266,33 @@ def summary_table(report: Dict[str, Any]) -> Table:
 
 
 _TIMED_ROWS = ("load + init", "first inference", "iterations", "latency min / mean / median",
-               "latency p90 / p95 / p99 / max", "latency std", "throughput", "guard check")
+               "latency p90 / p95 / p99 / max", "latency std", "throughput", "guard check", "dispatch")
+
+
+def _bench_buckets(bundle: Path, config: Any, json_path: Optional[str], elsewhere: bool) -> None:
+    """`--buckets`: one benchmark per bucket, a row each (runtime/bench_buckets.py)."""
+    from edgedyn.runtime.bench_buckets import run_bucket_benchmarks
+
+    if elsewhere:
+        raise EdgedynError("--buckets runs here only", hint="on an emulated or remote board, time one bucket at a "
+                                                            "time with --length N")
+    if config.length is not None or config.specialization is not None or config.inputs is not None:
+        raise EdgedynError("--buckets chooses each bucket's length and inputs itself",
+                           hint="leave --length, --specialization and --inputs out")
+    with _progress(bundle.name) as on_progress:
+        report = run_bucket_benchmarks(str(bundle), config, on_progress=on_progress)
+    if emit_json(report, json_path):
+        return
+    table = Table(title="bench {} buckets ({} on {})".format(report["model"], report["backend"], report["board"]))
+    for column in ("bucket", "length", "median ms", "p90 ms", "dispatch us", "dispatch %"):
+        table.add_column(column, justify="right")
+    for row in report["buckets"]:
+        table.add_row(str(row["bucket"]["size"]), str(row["bucket"]["length"]),
+                      "{:.3f}".format(row["latency_ms"]["median"]), "{:.3f}".format(row["latency_ms"]["p90"]),
+                      "{:.1f}".format(row["dispatch_us"]), "{:.2%}".format(row["dispatch_share"]))
+    out.print(table)
+    out.print("dispatch: guards, routing, padding the bucketed inputs and slicing the outputs back, per call "
+              "(the median of repeated calls; latency includes it)")
 
 
 def _arrays(arrays: Dict[str, Any]) -> str:

@@ -51,10 +51,26 @@ def json_args(args: List[str]) -> List[str]:
     return fixed
 
 
+def check_braces_kept(args: List[str]) -> None:
+    """`--input x=1x{16,32}` unquoted reaches us as `--input x=1x16 x=1x32` (bash and zsh expand braces): say so
+    rather than let the parser call the second word an unexpected argument."""
+    from edgedyn.errors import EdgedynError
+
+    for index, arg in enumerate(args[:-2]):
+        name = args[index + 1].split("=")[0]
+        following = args[index + 2]
+        if arg in ("--input", "-i") and "=" in following and following.split("=")[0] == name:
+            raise EdgedynError("unexpected argument {}: the shell expanded the braces of a bucketed --input into "
+                               "separate words".format(following),
+                               hint="quote the option so edgedyn sees the braces: --input '{}=1x{{16,32,64}}:int64'"
+                                    "".format(name))
+
+
 class JsonArgsGroup(TyperGroup):
     """The top-level command group: applies json_args() before Click parses anything."""
 
     def parse_args(self, ctx: Any, args: List[str]) -> List[str]:  # ctx: Typer's own (vendored) Click context
+        check_braces_kept(args)
         return super().parse_args(ctx, json_args(args))
 
 

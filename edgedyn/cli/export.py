@@ -18,7 +18,14 @@ def export_command(
     input_: Annotated[Optional[List[str]], typer.Option(
         "--input", "-i", help="Example input NAME=VALUE: a shape 1x3x224x224[:dtype] or a number (specialized). "
                               "Repeat a name for another specialization, e.g. -i x=1x3x64x64 -i x=8x3x64x64. "
+                              "Sizes in braces make buckets: -i 'input_ids=1x{16,32,64}:int64' (quoted). "
                               "Default: the model file's example_inputs().")] = None,
+    pad: Annotated[Optional[List[str]], typer.Option(
+        "--pad", help="Pad bucketed inputs to the next bucket with these values, e.g. --pad "
+                      "input_ids=0,attention_mask=0; proven exact against torch eager at export, or refused "
+                      "(docs/buckets.md).")] = None,
+    pad_side: Annotated[str, typer.Option("--pad-side", help="Where the padding goes on the bucketed dimension: "
+                                                              "right or left.")] = "right",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Bundle file to write.")] = None,
     backend: Annotated[str, typer.Option("--backend", help=backends_help())] = AUTO,
     device: Annotated[str, typer.Option(help="auto: on a board with a GPU, GPU code first and the CPU artifact as "
@@ -66,7 +73,7 @@ def export_command(
         path = export(model, board=board, output=output, backend=backend, inputs=input_ or None,
                       pipeline=pipeline, device=device, precision=precision, verify=verify, progress=step,
                       quantize=quantize, calibration=calibration, eval_inputs=eval_inputs,
-                      max_accuracy_drop=max_accuracy_drop)
+                      max_accuracy_drop=max_accuracy_drop, pad=pad, pad_side=pad_side)
     if sign is not None:
         from edgedyn.bundle import sign_bundle
 
@@ -84,3 +91,4 @@ def export_command(
             if line:
                 err.print("{}: {}".format(spec["name"], line))
     out.print(str(path))
+

@@ -46,6 +46,8 @@ def inspect_command(
     out.print("produced   {} by {}".format(manifest["created"], ", ".join(
         "{} {}".format(k, v) for k, v in sorted(manifest["producer"].items()))))
     out.print("sha256     {}".format(opened.sha256))
+    for group in manifest.get("buckets", []):
+        _buckets(group)
     sizes = opened.member_sizes()
     for spec in manifest["specializations"]:
         out.print("")
@@ -79,6 +81,33 @@ def inspect_command(
         out.print("  here     {}{}".format(
             "would run " + chosen["would_run"] if chosen["would_run"] else "nothing can run on this machine",
             "".join("; {} not used: {}".format(label, reason) for label, reason in chosen["skipped"])))
+
+
+def _buckets(group: Dict[str, Any]) -> None:
+    """A bucket group: which dims, the sizes, and the padding rules with their proof (docs/buckets.md)."""
+    from edgedyn.runtime.bucket_schema import describe_outputs
+
+    dims = ", ".join("{} dim {}".format(name, axis) for name, axis in group["inputs"].items())
+    out.print("buckets    {}: {}  ({})".format(dims, ", ".join(map(str, group["sizes"])), group["source"]))
+    padding = group.get("padding")
+    if padding is None:
+        out.print("  padding  none: exact shapes only (export with --pad to pad the lengths between them)")
+        return
+    values = ", ".join("{}={}".format(name, value) for name, value in padding["values"].items())
+    probes = padding.get("proof", {}).get("probes", [])
+    worst = max([o["max_rel"] for p in probes for o in p["outputs"]] or [0.0])
+    out.print("  padding  {} with {}; lengths {} to {}; proven at {} lengths, worst relative error {:.2g}".format(
+        padding["side"], values, padding["min_length"], group["sizes"][-1], len(probes), worst))
+    for line in describe_outputs(padding):
+        out.print("  output   {}".format(line))
+    if probes:
+        table = Table(box=None, pad_edge=False)
+        for column in ["bucket", "length"] + [o["name"] for o in probes[0]["outputs"]]:
+            table.add_column(column)
+        for probe in probes:
+            table.add_row(str(probe["size"]), str(probe["length"]),
+                          *["{:.2g}".format(o["max_rel"]) for o in probe["outputs"]])
+        out.print(table)
 
 
 def _gpu(artifact: Dict[str, Any]) -> None:

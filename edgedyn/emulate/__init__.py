@@ -70,6 +70,7 @@ def bench_options(config: Any) -> List[str]:
                "--device", config.device]
     options += _option("--threads", config.threads) + _option("--specialization", config.specialization)
     options += _option("--inputs", str(Path(config.inputs).resolve()) if config.inputs else None)
+    options += _option("--length", getattr(config, "length", None))
     if config.profile or config.profile_runs:
         options += ["--profile"] + _option("--profile-runs", config.profile_runs or None)
     return options + (["--random-inputs"] if config.random_inputs else [])

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from edgedyn.errors import CaptureError
+from edgedyn.frontend.buckets import BucketGroup, expand_buckets
 from edgedyn.frontend.inputs import InputSet, TensorSpec, normalize_examples, parse_input_options
 from edgedyn.frontend.loading import load_reference, resolve_model
 from edgedyn.frontend.outputs import flatten_output, output_names
@@ -52,6 +53,9 @@ class Captured:
     name: str
     signature: List[Dict[str, Any]]
     specializations: List[Specialization] = field(default_factory=list)
+    buckets: List[BucketGroup] = field(default_factory=list)  # specializations made from --input sizes in braces
+    model: Any = field(default=None, repr=False)  # the eager model, for the padding proof (frontend/padding.py)
+    order: List[str] = field(default_factory=list)  # its positional parameters, as _call binds them
 
 
 def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence[str]] = None,
@@ -77,8 +81,9 @@ def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence
         _eval(model)
         name = type(model).__name__ if name in ("", type(model).__name__) else name
     parameters = _parameters(model, name)
+    groups = []  # type: List[BucketGroup]
     if inputs:
-        sets = [dict(s) for s in parse_input_options(inputs)]
+        sets, groups = expand_buckets([dict(s) for s in parse_input_options(inputs)])
         sources = ["--input"] * len(sets)
     elif example_inputs is not None:
         sets = [_bind(parameters, item, name) for item in normalize_examples(example_inputs)]
@@ -86,7 +91,8 @@ def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence
     else:
         raise CaptureError("no example inputs for {}".format(name),
                            hint="pass example_inputs=(tensor, ...) or inputs=['x=1x3x224x224']")
-    captured = Captured(name=name, signature=_signature(parameters, sets, name))
+    captured = Captured(name=name, signature=_signature(parameters, sets, name), buckets=groups, model=model,
+                        order=[p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
     for index, (values, source) in enumerate(zip(sets, sources)):
         spec = _capture_one(model, parameters, values, source, seed + index, name)
         if any(existing.name == spec.name for existing in captured.specializations):
@@ -211,7 +217,7 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
             continue
         value = values[parameter.name]
         if isinstance(value, TensorSpec):
-            value = _random_tensor(value, generator)
+            value = _random_tensor(value, generator, parameter.name)
         elif isinstance(value, np.ndarray):
             value = torch.from_numpy(np.asarray(value, order="C"))
         if isinstance(value, torch.Tensor):
@@ -255,14 +261,24 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
     )
 
 
-def _random_tensor(spec: TensorSpec, generator: torch.Generator) -> torch.Tensor:
+def _random_tensor(spec: TensorSpec, generator: torch.Generator, name: str = "") -> torch.Tensor:
     dtype = getattr(torch, spec.dtype)
+    if is_mask(name, dtype) and spec.shape:
+        # Note: a mask as a tokenizer pads a batch, ones then zeros over the last quarter: models derive lengths from
+        # it (wav2vec2 sums it), and random ids in a mask would ask for positions that do not exist.
+        valid = max(1, (3 * spec.shape[-1] + 3) // 4)
+        return (torch.arange(spec.shape[-1]) < valid).expand(spec.shape).to(dtype).contiguous()
     if spec.dtype == "bool":
         return torch.randint(0, 2, spec.shape, generator=generator).bool()
     if dtype.is_floating_point:
         return torch.randn(spec.shape, generator=generator).to(dtype)
     # Small non-negative integers: safe as indices into embeddings and gathers of any size >= 10.
     return torch.randint(0, 10, spec.shape, generator=generator, dtype=dtype)
+
+
+def is_mask(name: str, dtype: torch.dtype) -> bool:
+    """An integer or bool input named like `attention_mask`: drawn as a mask (1 = a valid position), not as ids."""
+    return "mask" in name.lower() and not dtype.is_floating_point
 
 
 def _export(wrapper: torch.nn.Module, args: Tuple[torch.Tensor, ...], name: str) -> "torch.export.ExportedProgram":

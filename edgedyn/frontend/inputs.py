@@ -5,6 +5,8 @@ tensor) with an optional dtype suffix `:float16` / `:int64`, or a Python scalar 
 A dtype suffix makes a tensor of a bare number: `x=8:float32` is a 1-d tensor, `n=8` is the int 8.
 Repeating a name starts a new specialization that keeps the other arguments of the previous one:
 `--input x=1x3x64x64 --input x=8x3x64x64` exports batch 1 and batch 8 into one bundle.
+One dimension of a shape may list sizes, `input_ids=1x{16,32,64}:int64`: buckets, one specialization per size
+(frontend/buckets.py expands them; inputs bucketed in one set take their sizes together).
 """
 import re
 from dataclasses import dataclass
@@ -15,6 +17,8 @@ from edgedyn.errors import CaptureError
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 MAX_EXAMPLE_ELEMENTS = 1 << 32  # 16 GiB of float32: beyond any board edgedyn targets
 _SHAPE = re.compile(r"^(scalar|\d+(x\d+)*)$")
+_BUCKETED = re.compile(r"^(\d+x)*\{\d+(,\d+)*\}(x\d+)*$")
+MAX_BUCKETS = 64  # sizes in one {...}: each is a specialization the bundle carries
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,21 @@ class TensorSpec:
                     float(MAX_EXAMPLE_ELEMENTS)))
 
 
-Value = Union[TensorSpec, int, float, bool, Any]
+@dataclass(frozen=True)
+class Buckets:
+    """A tensor argument with one dimension listed as sizes, `1x{16,32,64}`: one specialization per size."""
+
+    shape: Tuple[int, ...]  # with the smallest size at `axis`
+    dtype: str
+    axis: int
+    sizes: Tuple[int, ...]  # increasing
+    text: str  # as given, for guard sources and hints: `input_ids=1x{16,32,64}:int64`
+
+    def at(self, size: int) -> TensorSpec:
+        return TensorSpec(self.shape[:self.axis] + (size,) + self.shape[self.axis + 1:], self.dtype)
+
+
+Value = Union[TensorSpec, Buckets, int, float, bool, Any]
 InputSet = Dict[str, Value]
 
 
@@ -56,6 +74,8 @@ def parse_value(name: str, text: str) -> Value:
             return float(shape_text)
         except ValueError:
             pass
+    if "{" in lowered:
+        return _buckets(name, text, lowered, dtype or "float32")
     if not _SHAPE.match(lowered):
         raise CaptureError(
             "cannot read --input {}={}".format(name, text),
@@ -63,6 +83,26 @@ def parse_value(name: str, text: str) -> Value:
         )
     shape = () if lowered == "scalar" else tuple(int(size) for size in lowered.split("x"))
     return TensorSpec(shape, dtype or "float32")
+
+
+def _buckets(name: str, text: str, shape_text: str, dtype: str) -> Buckets:
+    if not _BUCKETED.match(shape_text):
+        raise CaptureError(
+            "cannot read --input {}={}".format(name, text),
+            hint="list the sizes of one dimension in braces, e.g. {}=1x{{16,32,64}}:int64 (one bucketed dimension "
+                 "per input; quote the option so the shell leaves the braces alone)".format(name))
+    dims = shape_text.split("x")
+    axis = next(i for i, dim in enumerate(dims) if dim.startswith("{"))
+    listed = [int(size) for size in dims[axis][1:-1].split(",")]
+    sizes = tuple(sorted(set(listed)))
+    if len(sizes) != len(listed) or len(sizes) > MAX_BUCKETS:
+        raise CaptureError("--input {}={}: {}".format(name, text, "a size is listed twice" if len(sizes) != len(
+            listed) else "{} sizes, at most {} buckets".format(len(listed), MAX_BUCKETS)),
+            hint="list each bucket size once, e.g. {}=1x{{16,32,64}}".format(name))
+    shape = tuple(sizes[0] if i == axis else int(dim) for i, dim in enumerate(dims))
+    for size in sizes:  # each bucket is a real shape: the same checks as a plain --input
+        TensorSpec(shape[:axis] + (size,) + shape[axis + 1:], dtype)
+    return Buckets(shape, dtype, axis, sizes, "{}={}".format(name, text))
 
 
 def parse_input_options(options: Sequence[str]) -> List[InputSet]:

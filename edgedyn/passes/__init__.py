@@ -9,12 +9,13 @@ from edgedyn.passes.batchnorm import fold_batchnorm
 from edgedyn.passes.constant_folding import fold_constants
 from edgedyn.passes.dead_code import remove_dead_code
 from edgedyn.passes.decompose import decompose_to_core_aten
+from edgedyn.passes.indexing import index_put_to_where, index_to_views
 from edgedyn.passes.graph import reexport
 
 Pass = Callable[[fx.GraphModule], fx.GraphModule]
 
 PIPELINES = {
-    "default": [decompose_to_core_aten, fold_batchnorm, fold_constants, remove_dead_code],
+    "default": [decompose_to_core_aten, fold_batchnorm, fold_constants, index_to_views, index_put_to_where, remove_dead_code],
     # For onnxruntime (its Backend record names this pipeline): torch's ONNX exporter lowers the high-level ops
     # itself, into the patterns onnxruntime fuses (LayerNormalization, Gelu, SkipLayerNormalization, MatMul+Add);
     # after core-ATen decomposition those fusions no longer match (BERT-tiny: 2 Gelu, 3 Add left unfused).

@@ -165,6 +165,7 @@ class BenchConfig:
     seed: int = 0
     profile: bool = False  # also profile per operator (report["ops"]) over as many calls as were timed
     profile_runs: int = 0  # > 0: profile over this many calls instead (and profile even without `profile`)
+    length: Optional[int] = None  # random inputs of this length on the bucketed dims, padded to a bucket
     rule: StopRule = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -175,6 +176,10 @@ class BenchConfig:
                                hint="leave --threads out to let the backend choose")
         if self.inputs is not None and self.random_inputs:
             raise EdgedynError("--inputs and --random-inputs both given; choose one")
+        if self.length is not None and (type(self.length) is not int or self.length < 1):
+            raise EdgedynError("length: expected an integer >= 1, got {!r}".format(self.length))
+        if self.length is not None and (self.inputs is not None or self.specialization is not None):
+            raise EdgedynError("--length chooses the inputs and the bucket; leave --inputs and --specialization out")
         if type(self.profile_runs) is not int or self.profile_runs < 0:
             raise EdgedynError("profile runs: expected an integer >= 0, got {!r}".format(self.profile_runs))
         object.__setattr__(self, "rule", StopRule(self.iterations, self.duration_s, self.max_duration_s))
@@ -211,6 +216,12 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
     samples = time_calls(call, config.rule, clock, lambda done, elapsed: report_progress("timing", done, elapsed))
     report_progress("guard overhead", 0, 0.0)
     guard_samples = time_calls(route, StopRule(200, 0.05, 1.0, 100000), clock)
+    raw = spec.executor.run(program.route(*positional, **keywords)[1])
+
+    def dispatch() -> Any:  # what edgedyn adds to the executor's run: guards, routing, padding, slicing back
+        _, _, finish = program.route_call(positional, keywords)
+        return finish(raw) if finish is not None else raw
+    dispatch_samples = time_calls(dispatch, StopRule(200, 0.05, 1.0, 100000), clock)
     allocations = per_call_allocations(call)
     stats = latency_stats(samples)
     cv = stats["std"] / stats["mean"] if stats["mean"] > 0 else 0.0
@@ -246,6 +257,8 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
         "throughput_per_s": 1000.0 / stats["mean"] if stats["mean"] > 0 else float("inf"),
         "cv": cv,
         "guard_overhead_us": percentile(guard_samples, 50) * 1e6,
+        "dispatch_us": percentile(dispatch_samples, 50) * 1e6,
+        "dispatch_share": percentile(dispatch_samples, 50) * 1e3 / stats["median"] if stats["median"] > 0 else 0.0,
         "peak_rss_mb": peak_rss_mb(),
         "per_call_allocations": allocations,
         "warnings": warnings,
@@ -298,6 +311,10 @@ def as_called(program: Any, values: Dict[str, Any]) -> Tuple[List[Any], Dict[str
 
 def choose_inputs(program: Any, config: BenchConfig) -> Tuple[Any, Dict[str, Any], str]:
     """The specialization to time, the arguments to time it with, and where those came from."""
+    if config.length is not None:
+        values = program.buckets.example(config.length, program.reference, np.random.default_rng(config.seed))
+        spec, _ = program.dispatch(**values)
+        return spec, values, "random (seed {}) at length {}".format(config.seed, config.length)
     names = [s.name for s in program.specializations]
     chosen = None
     if config.specialization is not None:

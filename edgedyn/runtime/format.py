@@ -21,7 +21,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgedyn.runtime import schema, signing
+from edgedyn.runtime import bucket_schema, schema, signing
 from edgedyn.runtime.errors import BundleError, ChecksumError
 
 FORMAT_NAME = "edgedyn-bundle"
@@ -354,7 +354,9 @@ def _parse_manifest(data: bytes, path: Path) -> Dict[str, Any]:
             hint="install the edgedyn version that made it ({}) on the board, or export again with this one".format(
                 schema.short(producer.get("edgedyn", "unknown") if isinstance(producer, dict) else "unknown")),
         )
-    return schema.check_manifest(manifest, path, MANIFEST_NAME)
+    manifest = schema.check_manifest(manifest, path, MANIFEST_NAME)
+    bucket_schema.check_buckets(schema.Checker(path, MANIFEST_NAME), manifest)
+    return manifest
 
 
 def read_manifest(path: PathLike) -> Dict[str, Any]:

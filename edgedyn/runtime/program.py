@@ -7,12 +7,14 @@ import numpy as np
 
 from edgedyn.runtime import guards as guard_checks
 from edgedyn.runtime import schema
+from edgedyn.runtime.buckets import BucketDispatch, Finish, arena_pools, load_order
 from edgedyn.runtime.devices import gpu_unusable_reason
 from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, GuardError, MissingDependencyError,
                                     PlatformError)
 from edgedyn.runtime.executors import executor_class
 from edgedyn.runtime.fastpath import FastDispatch
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
+from edgedyn.runtime.outputs import build_outputs, flatten_outputs  # noqa: F401 (flatten_outputs: re-exported)
 from edgedyn.runtime.precision import FP32, REDUCED
 
 log = logging.getLogger("edgedyn.runtime")
@@ -104,17 +106,20 @@ class Program:
         self.manifest = bundle.manifest
         self.signature = self.manifest["signature"]  # type: List[Dict[str, Any]]
         self.specializations = [Specialization(record) for record in self.manifest["specializations"]]
-        for spec in self.specializations:
-            self._choose_artifact(spec, device, threads)
+        pools = arena_pools(self.manifest)
+        for spec in load_order(self.specializations) if pools else self.specializations:
+            self._choose_artifact(spec, device, threads, pools.get(id(spec.record)))
             # A bundle with GPU code that runs on the CPU here deserves a warning, unless the user asked for the CPU.
             has_gpu_code = any(a.get("device", "cpu") != "cpu" for a in spec.record["artifacts"])
             fell_back = has_gpu_code and spec.artifact.get("device", "cpu") == "cpu" and device != "cpu"
             fell_back = fell_back or spec.precision()[1] is not None  # a reduced precision this CPU cannot compute
             log.log(logging.WARNING if fell_back else logging.INFO, "edgedyn: %s", spec.selection())
         self._fast = FastDispatch(self.signature, self.specializations)
+        self.buckets = BucketDispatch(self.manifest.get("buckets", []), self.specializations,
+                                      [param["name"] for param in self.signature])
         self.init_ms = (time.perf_counter() - started) * 1000.0
 
-    def _choose_artifact(self, spec: Specialization, device: str, threads: Optional[int]) -> None:
+    def _choose_artifact(self, spec: Specialization, device: str, threads: Optional[int], pool: Any) -> None:
         """The first artifact (GPU ones come first) that this machine can run; the reasons for the others."""
         arch = host_arch()
         artifacts = spec.record["artifacts"]
@@ -122,7 +127,7 @@ class Program:
             reason = unusable_reason(artifact, arch, device)
             if reason is None:
                 try:
-                    spec.executor = self._open(spec, artifact, threads)
+                    spec.executor = self._open(spec, artifact, threads, pool)
                     spec.artifact = artifact
                     return
                 except (MissingDependencyError, ArtifactLoadError) as error:
@@ -138,14 +143,14 @@ class Program:
             hint="use --device auto, or export again for this machine",
         )
 
-    def _open(self, spec: Specialization, artifact: Dict[str, Any], threads: Optional[int]) -> Any:
+    def _open(self, spec: Specialization, artifact: Dict[str, Any], threads: Optional[int], pool: Any) -> Any:
         """The artifact's executor. Whatever its runtime raises on the artifact's bytes (a protobuf, flatbuffer or
         TVM error) becomes an ArtifactLoadError naming the members, so the next artifact may be tried."""
         opener = executor_class(artifact["executor"])
         try:
             # the caller's thread count, else the one `auto` measured faster for this artifact, else the default
             chosen = threads if threads is not None else artifact.get("threads")
-            return opener(self.bundle, artifact, {"threads": chosen,
+            return opener(self.bundle, artifact, {"threads": chosen, "arena_pool": pool,
                                                   "declared_bytes": schema.declared_tensor_bytes(spec.record)})
         except EdgedynError:
             raise
@@ -163,9 +168,10 @@ class Program:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the matching specialization; safe to call from any number of threads at once (see threads.py)."""
-        spec, arrays = self.route(*args, **kwargs)
+        spec, arrays, finish = self.route_call(args, kwargs)
         try:
-            return build_outputs(spec.output_tree, spec.executor.run(arrays))
+            outputs = spec.executor.run(arrays)
+            return build_outputs(spec.output_tree, finish(outputs) if finish is not None else outputs)
         except EdgedynError:
             raise
         except Exception as error:  # the arguments passed every guard: the artifact itself is at fault
@@ -177,25 +183,41 @@ class Program:
 
     def route(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, List[np.ndarray]]:
         """What a call does before its executor runs: the matching specialization and the executor's input arrays
-        (GuardError when none matches). Positional arrays of the exact dtypes and shapes take the fast rules
-        (fastpath.py), decided without binding; anything else is bound and checked guard by guard."""
+        (GuardError when none matches), padded to the bucket when the call's length lies between buckets."""
+        return self.route_call(args, kwargs)[:2]
+
+    def route_call(self, args: Sequence[Any], kwargs: Dict[str, Any]
+                   ) -> Tuple[Specialization, List[np.ndarray], Optional[Finish]]:
+        """route(), and how to cut the outputs back (None unless padded). Exact positional arrays take the fast rules
+        (fastpath.py), shapes padded before the buckets' (buckets.py); anything else is bound and guard-checked."""
         fast = None if kwargs else self._fast.match(args)
         if fast is not None:
-            return fast
-        spec, values = self.dispatch(*args, **kwargs)
-        return spec, [np.asarray(values[name], order="C") for name in spec.inputs]
+            return fast[0], fast[1], None
+        padded = self.buckets.fast(args, kwargs)
+        if padded is not None:
+            return padded
+        spec, values, padded = self._dispatch(self.bind(args, kwargs))
+        if padded is not None:
+            return padded
+        return spec, [np.asarray(values[name], order="C") for name in spec.inputs], None
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, Dict[str, Any]]:
-        """The specialization whose guards all hold for these arguments, and the bound argument values."""
-        values = self.bind(args, kwargs)
+        """The specialization whose guards all hold (or the bucket a padded call runs in), and the bound values."""
+        return self._dispatch(self.bind(args, kwargs))[:2]
+
+    def _dispatch(self, values: Dict[str, Any]) -> Tuple[Specialization, Dict[str, Any], Optional[Any]]:
         failures = []
         for spec in self.specializations:
             failure = guard_checks.first_failure(spec.guards, values)
             if failure is None:
-                return spec, values
+                return spec, values, None
             failures.append((spec.name, failure))
-        raise GuardError(_no_match_message(self.name, failures), hint=guard_checks.no_match_hint(
-            self.signature, [s.guards for s in self.specializations], values))
+        padded = self.buckets.route(values)
+        if padded is not None:
+            return padded[0], values, padded
+        hint = self.buckets.hint(values) or guard_checks.no_match_hint(
+            self.signature, [s.guards for s in self.specializations], values)
+        raise GuardError(_no_match_message(self.name, failures), hint=hint)
 
     def bind(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
         """Maps positional and keyword arguments to the captured signature, as Python would."""
@@ -234,17 +256,21 @@ class Program:
         return values, outputs
 
     def verify(self) -> List[Dict[str, Any]]:
-        """Runs every specialization on its reference inputs and compares with torch eager's outputs."""
+        """Runs every specialization on its reference inputs and compares with torch eager's outputs; then the
+        padded calls proven at export (runtime/buckets.py), against torch eager on the unpadded call."""
         results = []
-        for spec in self.specializations:
-            values, expected = self.reference(spec)
+        calls = [(spec.name, spec) + self.reference(spec) for spec in self.specializations]
+        for label, spec, values, expected in calls + self.buckets.references(self.bundle, self.reference):
+            padded = label != spec.name
             chosen, _ = self.dispatch(**values)
             if chosen is not spec:
                 raise EdgedynError("reference inputs of '{}' dispatched to '{}'; the bundle's guards overlap".format(
-                    spec.name, chosen.name))
+                    label, chosen.name))
+            if padded and EXPECTED_ROLE in spec.artifact["files"]:
+                continue  # int8 differs from torch eager by design: its own outputs are checked at the bucket
             actual = flatten_outputs(spec.output_tree, self(**values))
             tolerance = spec.artifact.get("tolerance", FP32_TOLERANCE)
-            extra = {}  # type: Dict[str, Any]
+            extra = {"against": "torch eager on the unpadded call"} if padded else {}  # type: Dict[str, Any]
             if EXPECTED_ROLE in spec.artifact["files"]:
                 # A quantized artifact: compared with its own outputs recorded at export (int8 differs from torch
                 # eager by design; the manifest's quantization.accuracy says by how much). See quantize/accuracy.py.
@@ -259,7 +285,7 @@ class Program:
             for record, got, want in zip(spec.outputs, actual, expected):
                 result = compare(got, want, tolerance) if min_cosine is None else compare_cosine(got, want,
                                                                                                  min_cosine)
-                results.append(dict(result, specialization=spec.name, output=record["name"],
+                results.append(dict(result, specialization=label, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))
         return results
 
@@ -321,39 +347,6 @@ def compare_cosine(got: np.ndarray, want: np.ndarray, min_cosine: float) -> Dict
     cosine = float(a @ b / norms) if norms > 0 else (1.0 if not np.any(a) and not np.any(b) else 0.0)
     ok = bool(np.all(np.isfinite(got) == np.isfinite(want))) and cosine >= min_cosine
     return dict(result, ok=ok, cosine=cosine, min_cosine=min_cosine, rtol=None, atol=None)
-
-
-def build_outputs(tree: Dict[str, Any], flat: List[np.ndarray]) -> Any:
-    """Rebuilds the model's output structure (tensor, tuple, list, dict, None) from flat arrays."""
-    kind = tree["kind"]
-    if kind == "tensor":
-        return flat[tree["index"]]
-    if kind == "none":
-        return None
-    if kind == "constant":
-        return tree["value"]
-    items = [build_outputs(item, flat) for item in tree["items"]]
-    if kind == "tuple":
-        return tuple(items)
-    if kind == "list":
-        return items
-    if kind == "dict":
-        return dict(zip(tree["keys"], items))
-    raise ValueError("unknown output kind {!r}".format(kind))
-
-
-def flatten_outputs(tree: Dict[str, Any], value: Any) -> List[np.ndarray]:
-    """The tensors of an output structure in manifest order."""
-    kind = tree["kind"]
-    if kind == "tensor":
-        return [value]
-    if kind in ("none", "constant"):
-        return []
-    values = [value[key] for key in tree["keys"]] if kind == "dict" else list(value)
-    flat = []  # type: List[np.ndarray]
-    for item, item_value in zip(tree["items"], values):
-        flat.extend(flatten_outputs(item, item_value))
-    return flat
 
 
 def _no_match_message(model: str, failures: List[Tuple[str, str]]) -> str:

@@ -142,6 +142,18 @@ def _wav2vec2() -> Any:
                                          num_conv_pos_embedding_groups=4))
 
 
+def _wav2vec2_lv60() -> Any:
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+    # As wav2vec2-large-lv60 and XLS-R are built: layer norm in every feature-encoder conv and before each encoder
+    # layer (do_stable_layer_norm). These take an attention_mask; the group-norm base model above does not.
+    return Wav2Vec2ForCTC(Wav2Vec2Config(vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=128, conv_dim=(32, 32, 32), conv_stride=(5, 4, 4),
+                                         conv_kernel=(10, 8, 8), num_conv_pos_embeddings=16,
+                                         num_conv_pos_embedding_groups=4, feat_extract_norm="layer",
+                                         do_stable_layer_norm=True))
+
+
 _ENTRIES = (
     ZooModel("resnet", "cnn", "ResNetForImageClassification", _resnet, _image(64), ("logits",),
              "ResNet-18-style basic blocks, 4 stages", fast=True),
@@ -176,5 +188,8 @@ _ENTRIES = (
              "Whisper's encoder on 100 log-mel frames (1 s at this size)"),
     ZooModel("wav2vec2", "audio", "Wav2Vec2ForCTC", _wav2vec2, (InputSpec("input_values", (1, 1600)),), ("logits",),
              "Wav2Vec2 CTC head on 0.1 s of raw 16 kHz audio: conv feature encoder, grouped conv positions"),
+    ZooModel("wav2vec2_lv60", "audio", "Wav2Vec2ForCTC", _wav2vec2_lv60, (InputSpec("input_values", (1, 1600)),),
+             ("logits",), "Wav2Vec2 as wav2vec2-large-lv60 and XLS-R: layer-norm feature encoder, pre-norm layers; "
+                          "takes an attention_mask"),
 )
 MODELS = {entry.name: entry for entry in _ENTRIES}  # type: Dict[str, ZooModel]

@@ -239,6 +239,10 @@ _INTEGER_OPS = frozenset([
     _aten.gt.Scalar, _aten.ge.Scalar, _aten.view.default, _aten.reshape.default, _aten._unsafe_view.default,
     _aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.dims, _aten.flatten.using_ints,
     _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.clone.default,
+    _aten._assert_tensor_metadata.default,  # a dtype check torch.export leaves beside an input (an int64 mask)
+    # transformers' audio models turn the sample mask into a frame mask: lengths // stride, a one-hot where, a
+    # reversed cumsum (passes/indexing.py rewrites its index_put into where)
+    _aten.div.Tensor_mode, _aten.where.self, _aten.flip.default, _aten.lt.Tensor, _aten.gt.Tensor,
 ])
 
 

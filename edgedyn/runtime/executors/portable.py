@@ -35,13 +35,17 @@ def _arena_limit(artifact: Dict[str, Any]) -> int:
 class _Arena:
     """One arena with every value viewed in it and every step prepared over those views (one per thread)."""
 
-    def __init__(self, graph: Dict[str, Any], weights: Dict[str, np.ndarray], checker: schema.Checker) -> None:
+    def __init__(self, graph: Dict[str, Any], weights: Dict[str, np.ndarray], checker: schema.Checker,
+                 pool: Any = None) -> None:
         self.weights = weights
         self.checker = checker
-        alignment = int(graph.get("alignment", 64))
-        raw = np.zeros(int(graph["arena_bytes"]) + alignment, np.uint8)
-        start = (-raw.ctypes.data) % alignment
-        self.arena = raw[start:start + int(graph["arena_bytes"])]
+        if pool is not None:  # the buckets of a group share this thread's buffer (runtime/buckets.py ArenaPool)
+            self.arena = pool.get(int(graph["arena_bytes"]))[:int(graph["arena_bytes"])]
+        else:
+            alignment = int(graph.get("alignment", 64))
+            raw = np.zeros(int(graph["arena_bytes"]) + alignment, np.uint8)
+            start = (-raw.ctypes.data) % alignment
+            self.arena = raw[start:start + int(graph["arena_bytes"])]
         self.values = [self._view(record) for record in graph["values"]]
         self.inputs = [self.values[i] for i in graph["inputs"]]
         self.outputs = [self.values[i] for i in graph["outputs"]]
@@ -109,7 +113,11 @@ class PortableExecutor:
         graph_schema.check_portable_graph(graph, bundle.path, files["graph"], self.weights, kernels,
                                           _arena_limit(artifact))
         checker = schema.Checker(bundle.path, files["graph"])
-        self._arenas = PerThread(lambda: _Arena(graph, self.weights, checker))
+        pool = options.get("arena_pool")
+        if pool is not None:
+            pool.reserve(int(graph["arena_bytes"]))
+        self._arenas = PerThread(lambda: _Arena(graph, self.weights, checker, pool))
+        self.shared_arena = pool is not None
         self.graph = graph
         self.artifact = artifact
 
@@ -177,6 +185,7 @@ class PortableExecutor:
             "steps": len(self.graph["steps"]),
             "allocates_intermediates": False,
             "arena_per_thread": True,
+            "arena_shared_by_buckets": self.shared_arena,
         }
 
 

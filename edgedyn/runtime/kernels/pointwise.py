@@ -4,7 +4,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported
+from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported, _view
 
 
 # --- elementwise ---
@@ -253,6 +253,46 @@ def _constant_pad(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scra
     return run
 
 
+def _div_mode(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    """div with rounding_mode: floor (integer lengths in transformers' audio models, `(n - k) // stride`) or trunc."""
+    out, a, b = outs[0], args[0], args[1]
+    mode = args[2] if len(args) > 2 else kwargs.get("rounding_mode")
+    if mode is None:
+        return lambda: np.true_divide(a, b, out=out)
+    if mode == "floor" and out.dtype.kind in "iu":
+        return lambda: np.floor_divide(a, b, out=out)
+    if mode in ("floor", "trunc") and out.dtype.kind == "f":
+        rounding = np.floor if mode == "floor" else np.trunc
+
+        def run() -> None:
+            np.true_divide(a, b, out=out)
+            rounding(out, out=out)
+        return run
+    raise Unsupported("div with rounding_mode={!r} on {}".format(mode, out.dtype))
+
+
+def _flip(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    out, x = outs[0], args[0]
+    dims = tuple(int(d) % max(x.ndim, 1) for d in (args[1] if len(args) > 1 else kwargs["dims"]))
+    flipped = np.flip(x, dims)  # a view: the copy is the only work
+    return lambda: np.copyto(out, flipped)
+
+
+def _repeat(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    """Tiling without a temporary: the output seen as (r0, s0, r1, s1, ...) takes x broadcast over the r axes."""
+    out, x, repeats = outs[0], args[0], [int(r) for r in args[1]]
+    if len(repeats) < x.ndim or not out.flags.c_contiguous:
+        raise Unsupported("repeat of a {}-d tensor {} times into a non-contiguous output".format(x.ndim, repeats))
+    sizes = (1,) * (len(repeats) - x.ndim) + tuple(x.shape)
+    source = x
+    for _ in range(len(repeats) - x.ndim):  # views of x, never copies: prepare runs once, the arena changes
+        source = np.expand_dims(source, 0)
+    for position in range(len(sizes)):  # a size-1 axis before each dim: views, never copies
+        source = np.expand_dims(source, 2 * position)
+    target = _view(out, [n for pair in zip(repeats, sizes) for n in pair])
+    return lambda: np.copyto(target, source)
+
+
 KERNELS = {
     "aten.relu.default": _relu,
     "aten.hardtanh.default": _hardtanh,
@@ -276,6 +316,9 @@ KERNELS = {
     "aten.sub.Scalar": _binary(np.subtract),
     "aten.mul.Scalar": _binary(np.multiply),
     "aten.div.Scalar": _binary(np.true_divide),
+    "aten.div.Tensor_mode": _div_mode,
+    "aten.flip.default": _flip,
+    "aten.repeat.default": _repeat,
     "aten.pow.Tensor_Scalar": _pow,
     "aten.mm.default": _mm,
     "aten.bmm.default": _mm,

@@ -101,6 +101,13 @@ def mul(ctx: Lowering, node: Any, a: Any, b: Any) -> Value:
 
 
 def div(ctx: Lowering, node: Any, a: Any, b: Any, rounding_mode: Optional[str] = None) -> Value:
+    dtype = np.dtype(str(node.meta["val"].dtype).replace("torch.", ""))
+    if rounding_mode == "floor" and dtype.kind in "iu":
+        # transformers' audio models count frames as `(n - kernel) // stride`: FLOOR_DIV, in int32 since LiteRT has
+        # no int64 kernel for it (exact for the lengths and counts it computes, below 2**31)
+        narrow = [cast(ctx, v, np.int32) if isinstance(v, Value) else int(v) for v in (a, b)]
+        return cast(ctx, binary(ctx, "FLOOR_DIV", narrow[0], narrow[1], _shape(node), "FloorDivOptions", np.int32),
+                    dtype)
     if rounding_mode is not None:
         raise Unsupported("division with rounding_mode={!r}".format(rounding_mode))
     if not isinstance(b, Value):

@@ -53,7 +53,24 @@ def gather(ctx: Lowering, node: Any, x: Value, dim: int, index: Value, sparse_gr
     return ctx.emit("GATHER", inputs, shape, None, "GatherOptions", x.dtype, axis=dim, batch_dims=dim)
 
 
+def flip(ctx: Lowering, node: Any, x: Value, dims: Any) -> Value:
+    """REVERSE_V2 along the stored positions of the flipped torch dims (the layout stays)."""
+    axes = sorted(x.perm.index(int(d) % x.rank) for d in dims)
+    return ctx.emit("REVERSE_V2", [ctx.tensor(x), ctx.writer.constant(np.asarray(axes, np.int32))], x.shape, x.perm,
+                    "ReverseV2Options", x.dtype)
+
+
+def repeat(ctx: Lowering, node: Any, x: Value, repeats: Any) -> Value:
+    """TILE in torch order (leading size-1 dims added first, as torch does for extra repeats)."""
+    shape = list(node.meta["val"].shape)
+    source = ctx.lift(x, len(repeats))
+    return ctx.emit("TILE", [ctx.torch_order(source), ctx.writer.constant(np.asarray(repeats, np.int32))], shape,
+                    None, "TileOptions", x.dtype)
+
+
 CONVERTERS = {
+    aten.flip.default: flip,
+    aten.repeat.default: repeat,
     aten._to_copy.default: to_copy,
     aten.cumsum.default: cumsum,
     aten.gather.default: gather,

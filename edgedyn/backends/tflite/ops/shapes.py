@@ -80,7 +80,7 @@ def _strided_slice(ctx: Lowering, x: Value, ranges: Any, shape: List[int], perm:
         strides.append(s)
     mask = 0 if shrink is None else 1 << x.perm.index(shrink)
     inputs = [ctx.tensor(x), ctx.ints(begin), ctx.ints(end), ctx.ints(strides)]
-    return ctx.emit("STRIDED_SLICE", inputs, shape, perm, "StridedSliceOptions", shrink_axis_mask=mask)
+    return ctx.emit("STRIDED_SLICE", inputs, shape, perm, "StridedSliceOptions", x.dtype, shrink_axis_mask=mask)
 
 
 def split(ctx: Lowering, node: Any, x: Value, sizes: Any, dim: int = 0) -> Any:
@@ -99,7 +99,8 @@ def expand(ctx: Lowering, node: Any, x: Value, sizes: Sequence[int], implicit: b
     if list(x.shape) == shape:
         return x
     source = ctx.lift(x, len(shape))
-    return ctx.emit("BROADCAST_TO", [ctx.tensor(source, layout.identity(len(shape))), ctx.ints(shape)], shape)
+    return ctx.emit("BROADCAST_TO", [ctx.tensor(source, layout.identity(len(shape))), ctx.ints(shape)], shape,
+                    dtype=source.dtype)
 
 
 def as_strided(ctx: Lowering, node: Any, x: Value, size: Sequence[int], stride: Sequence[int],
