@@ -167,7 +167,8 @@ class BucketGroup:
             cuts.append(tuple(index))
 
         def finish(outputs: List[np.ndarray]) -> List[np.ndarray]:
-            return [output if cut is None else np.asarray(output[cut], order="C") for output, cut in zip(outputs, cuts)]
+            return [output if cut is None else np.asarray(output[cut], order="C")
+                    for output, cut in zip(outputs, cuts)]
         return finish
 
 
