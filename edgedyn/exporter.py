@@ -29,7 +29,7 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
            output: Optional[Union[str, Path]] = None, backend: str = AUTO, inputs: Optional[Sequence[str]] = None,
            pipeline: str = "default", device: str = "auto", precision: str = "fp32", verify: bool = True,
            progress: Optional[Progress] = None, quantize: Optional[str] = None, calibration: Any = None,
-           eval_inputs: Any = None, max_accuracy_drop: Optional[str] = None) -> Path:
+           eval_inputs: Any = None, max_accuracy_drop: Optional[str] = None, nms: Any = None) -> Path:
     """Exports `model` for `board` into one bundle file and returns its path.
 
     `model`: an nn.Module (instance, class or zero-argument factory), a function, or "path.py:name".
@@ -44,6 +44,8 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     input tuples, or "random") or "int8-weights"; accuracy against torch eager on `eval_inputs` (default: a
     held-out share of the calibration data) is recorded, and `max_accuracy_drop` ("top1=1%", "cosine=0.99")
     fails the export when missed (edgedyn/quantize/).
+    `nms`: "iou=0.45,conf=0.25,max_det=300" (or an NmsOptions) appends NMS to a raw detection head such as
+    YOLO's; the bundle then returns boxes, scores, labels and count (edgedyn/frontend/detection.py).
     """
     from edgedyn.quantize import plan as quantize_plan
 
@@ -54,7 +56,7 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     target = target_board.target("cpu")
     gpu_target = None if quantizing else _gpu_target(target_board, backend, device, precision)
     step("capturing {}".format(model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)))
-    captured = capture(model, example_inputs, inputs=inputs)
+    captured = capture(model, example_inputs, inputs=inputs, nms=nms)
     writer = BundleWriter()
     records = []
     for index, spec in enumerate(captured.specializations):
@@ -279,8 +281,9 @@ def _verify_or_fail(path: Path, name: str) -> None:
     if failed:
         worst = max(failed, key=lambda r: r["max_rel"])
         raise VerificationMismatch(
-            "{}: the exported artifact ({}) disagrees with torch eager on {} output {}: max abs error {:.3g}, "
+            "{}: the exported artifact ({}) disagrees with torch eager on {} output {}: {}max abs error {:.3g}, "
             "relative {:.3g} (tolerance rtol {}, atol {}); {} of the outputs failed. No bundle was written. This is "
             "a bug: please report it with EDGEDYN_DEBUG=1 output, and try another --backend meanwhile".format(
-                name, worst.get("artifact"), worst["specialization"], worst["output"], worst["max_abs"],
+                name, worst.get("artifact"), worst["specialization"], worst["output"],
+                worst["error"] + "; " if worst.get("error") else "", worst["max_abs"],
                 worst["max_rel"], worst.get("rtol"), worst.get("atol"), len(failed)))

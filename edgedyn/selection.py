@@ -26,6 +26,7 @@ from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Specialization
 from edgedyn.passes import pipeline_passes, run_pipeline
 from edgedyn.runtime.format import host_arch
+from edgedyn.runtime.detections import compare_outputs
 from edgedyn.runtime.program import FP32_TOLERANCE, compare
 from edgedyn.turns import DEFAULT_TIMING, Timing, attempt, timed_in_turns
 
@@ -303,7 +304,8 @@ def _open_checked(stack: contextlib.ExitStack, artifact: Artifact, spec: Special
     eager (EdgedynError if they do not)."""
     with contextlib.ExitStack() as opened:  # closed again at once when the check fails
         executor, record = opened.enter_context(open_executor(artifact))
-        _check_outputs(artifact, record, executor.run(_example_arrays(spec)), spec.reference_outputs)
+        _check_outputs(artifact, record, executor.run(_example_arrays(spec)), spec.reference_outputs,
+                       spec.output_names)
         stack.enter_context(opened.pop_all())
     return executor
 
@@ -313,7 +315,7 @@ def _example_arrays(spec: Specialization) -> List[np.ndarray]:
 
 
 def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],
-                   expected: List[np.ndarray]) -> None:
+                   expected: List[np.ndarray], names: List[str]) -> None:
     if len(outputs) != len(expected):
         raise BackendError("{} returned {} outputs, torch eager {}".format(
             artifact.backend, len(outputs), len(expected)))
@@ -321,8 +323,7 @@ def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.
         _check_quantized(artifact, outputs, expected)
         return
     tolerance = record.get("tolerance", FP32_TOLERANCE)
-    for index, (got, want) in enumerate(zip(outputs, expected)):
-        result = compare(np.asarray(got), want, tolerance)
+    for index, result in enumerate(compare_outputs(names, outputs, expected, tolerance, compare)):
         if not result["ok"]:
             raise BackendError("{} disagrees with torch eager on output {}: {}".format(
                 artifact.backend, index, result.get("error") or "max relative error {:.3g} (rtol {})".format(

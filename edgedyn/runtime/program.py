@@ -7,6 +7,7 @@ import numpy as np
 
 from edgedyn.runtime import guards as guard_checks
 from edgedyn.runtime import schema
+from edgedyn.runtime.detections import compare_outputs
 from edgedyn.runtime.devices import gpu_unusable_reason
 from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, GuardError, MissingDependencyError,
                                     PlatformError)
@@ -236,8 +237,9 @@ class Program:
                                 spec.artifact["files"][EXPECTED_ROLE])
                 expected = [recorded["output.{}".format(i)] for i in range(len(spec.outputs))]
                 extra["against"] = "int8 outputs recorded at export"
-            for record, got, want in zip(spec.outputs, actual, expected):
-                results.append(dict(compare(got, want, tolerance), specialization=spec.name, output=record["name"],
+            compared = compare_outputs([r["name"] for r in spec.outputs], actual, expected, tolerance, compare)
+            for record, result in zip(spec.outputs, compared):
+                results.append(dict(result, specialization=spec.name, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))
         return results
 
