@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from edgedyn.errors import CaptureError
-from edgedyn.frontend.nms import valid_rows
+from edgedyn.frontend.nms import masked_rows, valid_rows
 
 # ultralytics' class offset (its `max_wh`): boxes of class c move by c * 7680 pixels, so NMS over all of them
 # never compares two classes. The same arithmetic here gives the same float32 coordinates, hence the same IoUs.
@@ -162,22 +162,16 @@ def detections(prediction: torch.Tensor, classes: int, iou: float, conf: float, 
         score, label = x[:, 4:4 + classes].max(1)
         centers, half = x[:, :2], x[:, 2:4] / 2
         boxes = torch.cat([centers - half, centers + half], 1)
-        candidates = torch.where(score > conf, score, torch.full_like(score, float("-inf")))
+        candidates = torch.where(score > conf, score, score.new_full((), float("-inf")))
         offset = boxes + label.to(boxes.dtype)[:, None] * class_offset
         keep, count = torch.ops.edgedyn.nms(offset, candidates, None, iou, max_det)
         valid = valid_rows(count, max_det)
-        rows["boxes"].append(_masked(boxes.index_select(0, keep), valid))
-        rows["scores"].append(_masked(score.index_select(0, keep), valid))
-        rows["labels"].append(_masked(label.index_select(0, keep), valid))
-        rows["extra"].append(_masked(x[:, 4 + classes:].index_select(0, keep), valid))
+        rows["boxes"].append(masked_rows(boxes.index_select(0, keep), valid))
+        rows["scores"].append(masked_rows(score.index_select(0, keep), valid))
+        rows["labels"].append(masked_rows(label.index_select(0, keep), valid))
+        rows["extra"].append(masked_rows(x[:, 4 + classes:].index_select(0, keep), valid))
         rows["count"].append(count)
     return {key: torch.stack(values) for key, values in rows.items()}
-
-
-def _masked(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Rows past the count set to zero, so padded rows are the same on every backend."""
-    mask = valid.reshape((-1,) + (1,) * (values.dim() - 1))
-    return torch.where(mask, values, torch.zeros_like(values))
 
 
 def with_nms(model: Any, options: NmsOptions) -> WithNms:

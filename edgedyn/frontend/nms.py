@@ -40,6 +40,12 @@ def valid_rows(count: torch.Tensor, max_out: int) -> torch.Tensor:
     return torch.arange(max_out, device=count.device) < count
 
 
+def masked_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Rows past the count set to zero, so padded rows are the same on every backend (a 0-d zero, not a
+    zeros_like: a full-size constant the passes would keep, and not every backend computes `full`)."""
+    return torch.where(valid.reshape((-1,) + (1,) * (values.dim() - 1)), values, values.new_zeros(()))
+
+
 def decomposed(boxes: torch.Tensor, scores: torch.Tensor, labels: Optional[torch.Tensor], iou_threshold: float,
                max_out: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """The op in plain fixed-shape tensor ops (argmax, gather, compare, where): `max_out` rounds, each keeping the
@@ -50,7 +56,8 @@ def decomposed(boxes: torch.Tensor, scores: torch.Tensor, labels: Optional[torch
     areas = (x2 - x1) * (y2 - y1)
     size = scores.shape[0]
     # Ties keep index order, as the stable sort does: argmax returns the first of equal maxima.
-    remaining = torch.where(scores > float("-inf"), scores, torch.full_like(scores, float("-inf")))
+    floor = scores.new_full((), float("-inf"))
+    remaining = torch.where(scores > float("-inf"), scores, floor)
     positions = torch.arange(size)
     kept, found = [], []
     for _ in range(max_out):
@@ -65,8 +72,8 @@ def decomposed(boxes: torch.Tensor, scores: torch.Tensor, labels: Optional[torch
         if labels is not None:
             suppressed = suppressed & (labels == labels.index_select(0, best))
             suppressed = suppressed | (positions == best)
-        remaining = torch.where(suppressed & alive, torch.full_like(remaining, float("-inf")), remaining)
-        kept.append(torch.where(alive, best, torch.zeros_like(best)))
+        remaining = torch.where(suppressed & alive, floor, remaining)
+        kept.append(torch.where(alive, best, best.new_zeros(())))
         found.append(alive)
     keep = torch.cat(kept) if kept else torch.zeros(0, dtype=torch.int64)
     count = torch.cat(found).to(torch.int64).sum() if found else torch.zeros((), dtype=torch.int64)

@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 
-from edgedyn.frontend.nms import valid_rows
+from edgedyn.frontend.nms import masked_rows, valid_rows
 
 # torchvision.ops.batched_nms runs NMS per class above this many box coordinates on a CPU, and on class-offset
 # boxes (one NMS) at or below it: the two differ in float32 rounding, so the capture follows the same rule.
@@ -32,20 +32,20 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor,
     """torchvision.ops.batched_nms over the rows where `candidates` holds (the others scored -inf), first
     `max_out` kept: (keep, count). Which of torchvision's two methods applies depends on how many candidates
     there are, a value here: both are computed when either could apply, and the right one picked."""
-    scored = torch.where(candidates, scores, torch.full_like(scores, NEG_INF))
+    scored = torch.where(candidates, scores, scores.new_full((), NEG_INF))
     rows = scores.shape[0]
     if rows * 4 <= _VANILLA_ABOVE:
         return _coordinate_trick(boxes, scored, labels, candidates, iou, max_out)
     keep, count = torch.ops.edgedyn.nms(boxes, scored, labels, iou, max_out)
     trick_keep, trick_count = _coordinate_trick(boxes, scored, labels, candidates, iou, max_out)
-    few = candidates.sum() * 4 <= _VANILLA_ABOVE
+    few = candidates.float().sum() * 4 <= _VANILLA_ABOVE  # counted in float32: exact, and every backend sums it
     return torch.where(few, trick_keep, keep), torch.where(few, trick_count, count)
 
 
 def _coordinate_trick(boxes: torch.Tensor, scored: torch.Tensor, labels: torch.Tensor, candidates: torch.Tensor,
                       iou: float, max_out: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """torchvision's `_batched_nms_coordinate_trick`: boxes moved by label * (largest coordinate + 1)."""
-    largest = torch.where(candidates[:, None], boxes, torch.full_like(boxes, NEG_INF)).max()
+    largest = torch.where(candidates[:, None], boxes, boxes.new_full((), NEG_INF)).max()
     offsets = labels.to(boxes) * (largest + torch.tensor(1).to(boxes))
     return torch.ops.edgedyn.nms(boxes + offsets[:, None], scored, None, iou, max_out)
 
@@ -53,11 +53,9 @@ def _coordinate_trick(boxes: torch.Tensor, scored: torch.Tensor, labels: torch.T
 def _padded(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor,
             count: torch.Tensor, max_out: int) -> Dict[str, torch.Tensor]:
     valid = valid_rows(count, max_out)
-    pick = lambda values: values.index_select(0, keep)  # noqa: E731
-    return {"boxes": torch.where(valid[:, None], pick(boxes), torch.zeros_like(pick(boxes))),
-            "scores": torch.where(valid, pick(scores), torch.zeros_like(pick(scores))),
-            "labels": torch.where(valid, pick(labels), torch.zeros_like(pick(labels))),
-            "count": count}
+    return {"boxes": masked_rows(boxes.index_select(0, keep), valid),
+            "scores": masked_rows(scores.index_select(0, keep), valid),
+            "labels": masked_rows(labels.index_select(0, keep), valid), "count": count}
 
 
 def ssd_postprocess(self: Any, head_outputs: Dict[str, torch.Tensor], image_anchors: List[torch.Tensor],
@@ -74,7 +72,7 @@ def ssd_postprocess(self: Any, head_outputs: Dict[str, torch.Tensor], image_anch
         per_class = scores[:, 1:].transpose(0, 1)  # [classes - 1, anchors], label = row + 1
         k = min(self.topk_candidates, per_class.shape[1])
         top, index = torch.where(per_class > self.score_thresh, per_class,
-                                 torch.full_like(per_class, NEG_INF)).topk(k, dim=1)
+                                 per_class.new_full((), NEG_INF)).topk(k, dim=1)
         label = torch.arange(1, classes, device=boxes.device).repeat_interleave(k)
         box, score, index = boxes.index_select(0, index.flatten()), top.flatten(), index.flatten()
         keep, count = batched_nms(box, score, label, score > NEG_INF, self.nms_thresh, self.detections_per_img)
@@ -96,8 +94,7 @@ def retinanet_postprocess(self: Any, head_outputs: Dict[str, List[torch.Tensor]]
             classes = logits.shape[-1]
             scores = torch.sigmoid(logits).flatten()
             k = min(self.topk_candidates, scores.shape[0])
-            top, top_index = torch.where(scores > self.score_thresh, scores,
-                                         torch.full_like(scores, NEG_INF)).topk(k)
+            top, top_index = torch.where(scores > self.score_thresh, scores, scores.new_full((), NEG_INF)).topk(k)
             anchor_index = torch.div(top_index, classes, rounding_mode="floor")
             boxes = self.box_coder.decode_single(regression.index_select(0, anchor_index),
                                                  level_anchors.index_select(0, anchor_index))

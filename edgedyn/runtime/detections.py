@@ -3,10 +3,11 @@
 A bundle whose NMS is inside (`--nms`, torchvision's SSD/RetinaNet) returns, per image, `boxes` [..., D, 4],
 `scores` [..., D], `labels` [..., D] and `count` [...], rows past `count` zero; outputs named PREFIX + those four
 keys (`boxes`, or `0.boxes` for the first image of a torchvision list) form one group, and outputs beside them
-with the same leading shape (`keypoints`, `mask_coefficients`) are per-row extras. Two results agree when the
-counts are equal and every valid row of one matches a row of the other: same label, IoU >= MIN_IOU and score
-within the tolerance. Rows are matched, not compared in place: two boxes whose scores differ by less than the
-float32 rounding of two backends may come out in either order.
+with the same leading shape (`keypoints`, `mask_coefficients`) are per-row extras. Two results agree when every
+valid row of one matches a row of the other (same label, IoU >= MIN_IOU, score within the tolerance, extras within
+the fp32 tolerance), but for the few rows a decision within the score tolerance explains (`match`). Rows are
+matched, not compared in place: two boxes whose scores differ by less than the float32 rounding of two backends
+may come out in either order.
 
 Standard library and numpy >= 1.19 only, Python 3.8 syntax: this file runs on the board.
 """
@@ -16,6 +17,11 @@ import numpy as np
 
 KEYS = ("boxes", "scores", "labels", "count")
 MIN_IOU = 0.99
+# Scores come out of a sigmoid or softmax of logits whose own float32 tolerance is 1e-4 of their largest magnitude
+# (5-15 for detection heads): a score moves by up to a quarter of that, ~1e-3 of the largest score at worst.
+SCORE_RTOL = 1e-3
+# The share of rows that may differ within the score tolerance (see `match`).
+BORDERLINE_SHARE = 0.02
 
 
 def groups(names: Sequence[str]) -> List[Dict[str, int]]:
@@ -52,31 +58,68 @@ def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return np.where(same, 1.0, iou)
 
 
-def match(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], score_tolerance: float) -> Tuple[
-        Optional[List[int]], str, float]:
-    """For one image: (for each valid row of `want`, the row of `got` it matches; or None), why not, worst IoU."""
-    count = int(want["count"])
-    if int(got["count"]) != count:
-        return None, "count {} != expected {}".format(int(got["count"]), count), 0.0
-    free = np.ones(count, bool)
-    pairs = []
-    worst = 1.0
-    boxes = got["boxes"][:count].astype(np.float64)
-    for row in range(count):
-        candidates = free & (got["labels"][:count] == want["labels"][row]) & (
-            np.abs(got["scores"][:count].astype(np.float64) - float(want["scores"][row])) <= score_tolerance)
+class Match:
+    """One image's rows matched: `pairs` (want row, got row), the rows left over on each side that lie within the
+    tolerance of a decision (`borderline`), the worst IoU of a pair, and `error` when the two disagree."""
+
+    def __init__(self) -> None:
+        self.pairs = []  # type: List[Tuple[int, int]]
+        self.borderline = 0
+        self.worst_iou = 1.0
+        self.error = ""
+
+
+def match(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], score_tolerance: float) -> Match:
+    """Matches one image's valid rows (see the module docstring).
+
+    Note: a row present on one side only is accepted when a decision within the score tolerance explains it:
+    its score is that close to the lowest kept score (the score threshold, or the cut at max_det rows), or a row
+    of the same label left over on the other side has a score that close (two overlapping boxes of nearly the
+    same score: which one NMS keeps depends on which it visits first). At most BORDERLINE_SHARE of the rows may
+    be explained so; anything else is a disagreement. Outputs of a trained detector rarely need this; random
+    weights make a network whose float32 rounding moves scores by 1e-4 (the zoo's SSDlite against float64).
+    """
+    result = Match()
+    counts = int(want["count"]), int(got["count"])
+    scores = want["scores"][:counts[0]].astype(np.float64), got["scores"][:counts[1]].astype(np.float64)
+    labels = want["labels"][:counts[0]], got["labels"][:counts[1]]
+    boxes = want["boxes"][:counts[0]].astype(np.float64), got["boxes"][:counts[1]].astype(np.float64)
+    free = np.ones(counts[1], bool)
+    for row in range(counts[0]):
+        candidates = free & (labels[1] == labels[0][row]) & (np.abs(scores[1] - scores[0][row]) <= score_tolerance)
         if not candidates.any():
-            return None, "row {} (label {}, score {:.6g}) has no row with its label and score".format(
-                row, want["labels"][row], float(want["scores"][row])), 0.0
-        overlap = np.where(candidates, _iou(want["boxes"][row].astype(np.float64), boxes), -1.0)
+            continue
+        overlap = np.where(candidates, _iou(boxes[0][row], boxes[1]), -1.0)
         best = int(np.argmax(overlap))
-        if overlap[best] < MIN_IOU:
-            return None, "row {} (label {}): best IoU {:.4f} < {}".format(row, want["labels"][row],
-                                                                          overlap[best], MIN_IOU), 0.0
-        worst = min(worst, float(overlap[best]))
-        free[best] = False
-        pairs.append(best)
-    return pairs, "", worst
+        if overlap[best] >= MIN_IOU:
+            result.pairs.append((row, best))
+            result.worst_iou = min(result.worst_iou, float(overlap[best]))
+            free[best] = False
+    matched = {w for w, _ in result.pairs}
+    left = ([r for r in range(counts[0]) if r not in matched], [int(r) for r in np.flatnonzero(free)])
+    floor = min([float(s.min()) for s in scores if s.size] or [0.0])
+    unexplained = []
+    for side in (0, 1):
+        for row in left[side]:
+            other = left[1 - side]
+            swapped = any(labels[1 - side][o] == labels[side][row] and
+                          abs(scores[1 - side][o] - scores[side][row]) <= score_tolerance for o in other)
+            if scores[side][row] <= floor + score_tolerance or swapped:
+                result.borderline += 1
+            else:
+                unexplained.append((side, row))
+    allowed = max(2, int(BORDERLINE_SHARE * max(counts)))
+    if unexplained:
+        side, row = unexplained[0]
+        result.error = "{} row {} (label {}, score {:.6g}) matches no row of the {} (same label, score within " \
+                       "{:.3g}, IoU >= {}){}".format(
+                           ("expected", "returned")[side], row, labels[side][row], scores[side][row],
+                           ("result", "expected result")[side], score_tolerance, MIN_IOU,
+                           "; counts {} and {}".format(counts[1], counts[0]) if counts[0] != counts[1] else "")
+    elif result.borderline > allowed:
+        result.error = "{} rows differ within the score tolerance, more than the {} a float32 rounding " \
+                       "explains".format(result.borderline, allowed)
+    return result
 
 
 def compare_group(group: Dict[str, int], got: Sequence[np.ndarray], want: Sequence[np.ndarray],
@@ -88,29 +131,32 @@ def compare_group(group: Dict[str, int], got: Sequence[np.ndarray], want: Sequen
                     "expected {}".format(key, np.shape(got[index]), np.shape(want[index]))}
     images = list(np.ndindex(*np.shape(want[group["count"]])))
     scale = float(np.max(np.abs(want[group["scores"]]))) if want[group["scores"]].size else 0.0
-    score_tolerance = tolerance["atol"] + tolerance["rtol"] * scale
-    matched, worst_iou, max_abs, max_rel = 0, 1.0, 0.0, 0.0
+    score_tolerance = tolerance["atol"] + max(tolerance["rtol"], SCORE_RTOL) * scale
+    matched, borderline, worst_iou, max_abs, max_rel = 0, 0, 1.0, 0.0, 0.0
     for image in images:
         pick = lambda arrays, key: arrays[group[key]][image]  # noqa: E731
-        pairs, why, worst = match({key: pick(got, key) for key in KEYS}, {key: pick(want, key) for key in KEYS},
-                                  score_tolerance)
-        if pairs is None:
+        found = match({key: pick(got, key) for key in KEYS}, {key: pick(want, key) for key in KEYS},
+                      score_tolerance)
+        if found.error:
             return {"ok": False, "max_abs": float("inf"), "max_rel": float("inf"),
-                    "error": "image {}: {}".format(image, why) if len(images) > 1 else why}
-        matched += len(pairs)
-        worst_iou = min(worst_iou, worst)
+                    "error": "image {}: {}".format(image, found.error) if len(images) > 1 else found.error}
+        matched, borderline = matched + len(found.pairs), borderline + found.borderline
+        worst_iou = min(worst_iou, found.worst_iou)
+        rows_want, rows_got = [w for w, _ in found.pairs], [g for _, g in found.pairs]
         for key, index in group.items():
-            if key in ("labels", "count", "boxes") or not pairs:
+            if key in ("labels", "count", "boxes") or not found.pairs:
                 continue
-            rows, expected = got[index][image][pairs], want[index][image][:len(pairs)]
-            error = float(np.max(np.abs(rows.astype(np.float64) - expected.astype(np.float64))))
+            error = float(np.max(np.abs(got[index][image][rows_got].astype(np.float64)
+                                        - want[index][image][rows_want].astype(np.float64))))
             extent = float(np.max(np.abs(want[index]))) or 1.0
-            if error > tolerance["atol"] + tolerance["rtol"] * extent:
+            limit = score_tolerance if key == "scores" else tolerance["atol"] + tolerance["rtol"] * extent
+            if error > limit:
                 return {"ok": False, "max_abs": error, "max_rel": error / extent,
                         "error": "{}: matched rows differ by {:.3g}".format(key, error)}
             max_abs, max_rel = max(max_abs, error), max(max_rel, error / extent)
     return {"ok": True, "max_abs": max_abs, "max_rel": max_rel, "rtol": tolerance["rtol"],
-            "atol": tolerance["atol"], "rows_matched": matched, "min_iou": worst_iou}
+            "atol": tolerance["atol"], "rows_matched": matched, "rows_borderline": borderline,
+            "min_iou": worst_iou}
 
 
 def compare_outputs(names: Sequence[str], got: Sequence[np.ndarray], want: Sequence[np.ndarray],

@@ -370,7 +370,9 @@ def pack_arrays(arrays: Dict[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         for key in arrays:
-            value = np.ascontiguousarray(arrays[key])
+            value = np.asarray(arrays[key])
+            if not value.flags.c_contiguous:  # ascontiguousarray alone would turn a 0-d array into shape (1,)
+                value = np.ascontiguousarray(value)
             if value.dtype == object:
                 raise ValueError("array {!r} has dtype object; bundles never hold pickled data".format(key))
             member = io.BytesIO()

@@ -9,6 +9,7 @@ from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported, op_name, unsupported_error
 from edgedyn.backends.tflite.layout import Perm
 from edgedyn.backends.tflite.writer import ModelWriter, Quant
+from edgedyn.frontend.nms import NMS_OP
 
 # Ops with several outputs return tuples; fx reads them with operator.getitem.
 _GETITEM = "getitem"
@@ -237,6 +238,8 @@ _INTEGER_OPS = frozenset([
     _aten.gt.Scalar, _aten.ge.Scalar, _aten.view.default, _aten.reshape.default, _aten._unsafe_view.default,
     _aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.dims, _aten.flatten.using_ints,
     _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.clone.default,
+    # detection post-processing (ops/detection.py): kept indices, their count, best-class labels
+    NMS_OP, _aten.max.dim, _aten.index_select.default, _aten.where.self, _aten.lt.Tensor, _aten.cat.default,
 ])
 
 

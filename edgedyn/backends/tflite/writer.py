@@ -67,9 +67,11 @@ class ModelWriter:
         """A new non-constant tensor; returns its index."""
         return self._add(name, shape, np.dtype(dtype), 0, quant)
 
-    def constant(self, array: np.ndarray, name: str = "const", quant: Optional[Quant] = None) -> int:
-        """A constant tensor holding `array`; identical constants share one tensor."""
-        array = np.ascontiguousarray(array)
+    def constant(self, array: np.ndarray, name: str = "const", quant: Optional[Quant] = None,
+                 keep_rank: bool = False) -> int:
+        """A constant tensor holding `array`; identical constants share one tensor. A 0-d array is stored with
+        shape [1] (what elementwise ops broadcast) unless `keep_rank` (ops that want a true scalar)."""
+        array = np.ascontiguousarray(array).reshape(np.shape(array)) if keep_rank else np.ascontiguousarray(array)
         key = (str(array.dtype), tuple(array.shape), array.tobytes()) + ((quant.key(),) if quant else ())
         if key not in self._constants:
             self.buffers.append(key[2])

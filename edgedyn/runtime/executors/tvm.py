@@ -27,6 +27,26 @@ def _import_tvm() -> Any:
     return tvm
 
 
+# The packed function a TVM library calls for `edgedyn::nms` (edgedyn/backends/tvm_nms.py); registered here, before a
+# library is loaded, as the portable executor's numpy kernel, so both run the op's one definition.
+NMS_FUNCTION = "edgedyn.nms"
+
+
+def register_kernels(tvm: Any) -> None:
+    """Registers edgedyn's own ops as TVM packed functions (once per process; idempotent)."""
+    from edgedyn.runtime.kernels.detection import nms
+
+    def run_nms(*arguments: Any) -> None:
+        boxes, scores = arguments[0].numpy(), arguments[1].numpy()
+        labels = arguments[2].numpy() if len(arguments) == 6 else None
+        iou, keep, count = arguments[-3].numpy(), arguments[-2], arguments[-1]
+        kept, found = nms(boxes, scores, labels, float(iou), int(keep.shape[0]))
+        keep.copyfrom(kept)
+        count.copyfrom(np.asarray(found, np.int64))
+
+    tvm.register_global_func(NMS_FUNCTION, run_nms, override=True)
+
+
 class TvmExecutor:
     """A Relax VM per calling thread over one shared library extracted from the bundle."""
 
@@ -47,6 +67,7 @@ class TvmExecutor:
                     "the installed TVM runtime has no CUDA support",
                     hint="install a TVM runtime built with CUDA for this board (see the README's Jetson notes)")
             self._device = tvm.cuda(0)
+        register_kernels(tvm)
         library = tvm.runtime.load_module(str(bundle.extract(files["library"])))
         weights = bundle.arrays(files["weights"])
         order = artifact["weight_order"]

@@ -46,9 +46,9 @@ def logical_not(ctx: Lowering, node: Any, x: Value) -> Value:
 def where(ctx: Lowering, node: Any, condition: Value, a: Any, b: Any) -> Value:
     """SELECT_V2, which broadcasts all three operands as torch.where does."""
     dtype = node.meta["val"].dtype
-    if dtype != torch.float32:
+    if dtype not in (torch.float32, torch.int64, torch.int32):
         raise Unsupported("where choosing {} values".format(dtype))
-    return elementwise(ctx, "SELECT_V2", (condition, a, b), _shape(node))
+    return elementwise(ctx, "SELECT_V2", (condition, a, b), _shape(node), dtype=str(dtype).replace("torch.", ""))
 
 
 def any_dim(ctx: Lowering, node: Any, x: Value, dim: Optional[Any] = None, keepdim: bool = False) -> Value:
