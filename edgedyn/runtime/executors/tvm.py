@@ -27,14 +27,16 @@ def _import_tvm() -> Any:
     return tvm
 
 
-# The packed function a TVM library calls for `edgedyn::nms` (edgedyn/backends/tvm_nms.py); registered here, before a
-# library is loaded, as the portable executor's numpy kernel, so both run the op's one definition.
+# The packed functions a TVM library calls for `edgedyn::nms` and top-k (edgedyn/backends/tvm_nms.py); registered
+# here, before a library is loaded, as the portable executor's numpy kernels, so both run one definition.
 NMS_FUNCTION = "edgedyn.nms"
+TOPK_FUNCTION = "edgedyn.topk"
 
 
 def register_kernels(tvm: Any) -> None:
-    """Registers edgedyn's own ops as TVM packed functions (once per process; idempotent)."""
+    """Registers edgedyn's own ops as TVM packed functions (idempotent)."""
     from edgedyn.runtime.kernels.detection import nms
+    from edgedyn.runtime.kernels.select import topk
 
     def run_nms(*arguments: Any) -> None:
         boxes, scores = arguments[0].numpy(), arguments[1].numpy()
@@ -44,7 +46,13 @@ def register_kernels(tvm: Any) -> None:
         keep.copyfrom(kept)
         count.copyfrom(np.asarray(found, np.int64))
 
+    def run_topk(x: Any, k: Any, dim: Any, largest: Any, values: Any, indices: Any) -> None:
+        chosen, picked = topk(x.numpy(), int(k.numpy()), int(dim.numpy()), bool(largest.numpy()))
+        values.copyfrom(np.ascontiguousarray(picked))
+        indices.copyfrom(np.ascontiguousarray(chosen))
+
     tvm.register_global_func(NMS_FUNCTION, run_nms, override=True)
+    tvm.register_global_func(TOPK_FUNCTION, run_topk, override=True)
 
 
 class TvmExecutor:

@@ -4,7 +4,7 @@ The ties follow torch on a CPU: max.dim returns the first maximum's index; top-k
 (a stable sort, which torch's own topk does not promise: equal scores may come out in another order there).
 Standard library and numpy >= 1.19 only, Python 3.8 syntax: this file runs on the board.
 """
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
@@ -44,16 +44,21 @@ def _topk(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: Lis
     check(isinstance(k, int) and 0 <= k <= x.shape[dim], "topk", "k {!r} is not in 0..{}".format(k, x.shape[dim]))
     values, indices = outs
     check(indices is None or indices.dtype == np.int64, "topk", "indices must be int64")
-    first = slice(0, k)
 
     def run() -> None:
-        order = np.argsort(-x if largest else x, axis=dim, kind="stable")
-        chosen = order[(slice(None),) * dim + (first,)]
+        chosen, picked = topk(x, k, dim, largest)
         if values is not None:
-            np.copyto(values, np.take_along_axis(x, chosen, dim))
+            np.copyto(values, picked)
         if indices is not None:
             np.copyto(indices, chosen)
     return run
+
+
+def topk(x: np.ndarray, k: int, dim: int, largest: bool) -> Tuple[np.ndarray, np.ndarray]:
+    """(indices, values) of the k largest (or smallest) along `dim`, equal values in index order."""
+    order = np.argsort(-x if largest else x, axis=dim, kind="stable")
+    chosen = order[(slice(None),) * dim + (slice(0, k),)]
+    return chosen, np.take_along_axis(x, chosen, dim)
 
 
 def _index_select(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
