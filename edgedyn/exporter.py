@@ -197,7 +197,9 @@ def _specialization_record(writer: BundleWriter, index: int, spec: Specializatio
         records.append(dict(artifact.meta, backend=artifact.backend, executor=artifact.executor,
                             device=artifact.device, arch=artifact.arch, target=artifact.target, files=files))
     fallback = artifacts[-1]
+    extra = {"detections": spec.detections} if spec.detections else {}  # type: Dict[str, Any]
     return {
+        **extra,
         "name": spec.name,
         "guards": spec.guards,
         "inputs": [_tensor_record(name, tensor.numpy()) for name, tensor in zip(spec.tensor_inputs, spec.example_tensors)],

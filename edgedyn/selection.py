@@ -305,7 +305,7 @@ def _open_checked(stack: contextlib.ExitStack, artifact: Artifact, spec: Special
     with contextlib.ExitStack() as opened:  # closed again at once when the check fails
         executor, record = opened.enter_context(open_executor(artifact))
         _check_outputs(artifact, record, executor.run(_example_arrays(spec)), spec.reference_outputs,
-                       spec.output_names)
+                       spec.output_names, spec.detections)
         stack.enter_context(opened.pop_all())
     return executor
 
@@ -315,7 +315,7 @@ def _example_arrays(spec: Specialization) -> List[np.ndarray]:
 
 
 def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],
-                   expected: List[np.ndarray], names: List[str]) -> None:
+                   expected: List[np.ndarray], names: List[str], detections: Any = None) -> None:
     if len(outputs) != len(expected):
         raise BackendError("{} returned {} outputs, torch eager {}".format(
             artifact.backend, len(outputs), len(expected)))
@@ -323,7 +323,7 @@ def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.
         _check_quantized(artifact, outputs, expected)
         return
     tolerance = record.get("tolerance", FP32_TOLERANCE)
-    for index, result in enumerate(compare_outputs(names, outputs, expected, tolerance, compare)):
+    for index, result in enumerate(compare_outputs(names, outputs, expected, tolerance, compare, detections)):
         if not result["ok"]:
             raise BackendError("{} disagrees with torch eager on output {}: {}".format(
                 artifact.backend, index, result.get("error") or "max relative error {:.3g} (rtol {})".format(

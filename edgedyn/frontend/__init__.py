@@ -15,6 +15,7 @@ import torch
 from edgedyn.errors import CaptureError
 from edgedyn.frontend.inputs import InputSet, TensorSpec, normalize_examples, parse_input_options
 from edgedyn.frontend.loading import load_reference, resolve_model
+from edgedyn.frontend.nms import noting_detections
 from edgedyn.frontend.outputs import flatten_output, output_names
 from edgedyn.frontend.source import describe, failure_frames
 from edgedyn.frontend.torchvision_detection import fixed_shape_postprocessing
@@ -36,6 +37,9 @@ class Specialization:
     guards: List[Dict[str, Any]]
     output_tree: Dict[str, Any]
     reference_outputs: List[np.ndarray]
+    # What each detection output (boxes, scores, labels, count) kept: its score threshold and row count, noted by
+    # the post-processing that made it (edgedyn/frontend/nms.py); empty for other models.
+    detections: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def example_args(self) -> Tuple[torch.Tensor, ...]:
@@ -246,7 +250,7 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
     wrapper = _Specialized(model, tensor_names, constants, order)
     wrapper.training = False  # not .eval(): it would recurse into an ExportedProgram module, which refuses it
     args = tuple(tensors[n] for n in tensor_names)
-    with torch.no_grad():
+    with torch.no_grad(), noting_detections() as detections:
         try:
             eager = _call(model, order, dict(tensors, **constants))
         except Exception as error:
@@ -262,6 +266,7 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
         guards=guards,
         output_tree=output_tree,
         reference_outputs=[t.detach().cpu().numpy() for t in flat],
+        detections=list(detections),
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from edgedyn.errors import CaptureError
-from edgedyn.frontend.nms import masked_rows, valid_rows
+from edgedyn.frontend.nms import masked_rows, note_detections, valid_rows
 
 # ultralytics' class offset (its `max_wh`): boxes of class c move by c * 7680 pixels, so NMS over all of them
 # never compares two classes. The same arithmetic here gives the same float32 coordinates, hence the same IoUs.
@@ -156,6 +156,7 @@ def _first_tensor(output: Any) -> Tuple[torch.Tensor, List[torch.Tensor]]:
 def detections(prediction: torch.Tensor, classes: int, iou: float, conf: float, max_det: int,
                class_offset: float) -> Dict[str, torch.Tensor]:
     """ultralytics' non_max_suppression (best class, no multi-label) at fixed shapes, per image of the batch."""
+    note_detections(conf, max_det)
     rows = {"boxes": [], "scores": [], "labels": [], "count": [], "extra": []}  # type: Dict[str, List[Any]]
     for image in prediction:
         x = image.transpose(0, 1)  # [anchors, channels]

@@ -7,7 +7,8 @@ equal torch's result. Each backend lowers the one node: ONNX NonMaxSuppression (
 NON_MAX_SUPPRESSION_V4, the portable numpy kernel; TVM takes `decomposed`, the same result in plain fixed-shape
 tensor ops.
 """
-from typing import Optional, Tuple
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -81,6 +82,27 @@ def decomposed(boxes: torch.Tensor, scores: torch.Tensor, labels: Optional[torch
 
 
 NMS_OP = torch.ops.edgedyn.nms.default
+_NOTES = []  # type: List[List[Dict[str, Any]]]
+
+
+@contextlib.contextmanager
+def noting_detections() -> Iterator[List[Dict[str, Any]]]:
+    """Collects what each detection output's post-processing decided by (`note_detections`) during a call."""
+    notes = []  # type: List[Dict[str, Any]]
+    _NOTES.append(notes)
+    try:
+        yield notes
+    finally:
+        _NOTES.remove(notes)
+
+
+def note_detections(score_threshold: Optional[float], max_out: int) -> None:
+    """Records, for the capture running, that a detection output keeps scores above `score_threshold` and at most
+    `max_out` rows: what a comparison needs to tell a decision within the tolerance from a wrong result
+    (edgedyn/runtime/detections.py)."""
+    if _NOTES:
+        _NOTES[-1].append({"score_threshold": None if score_threshold is None else float(score_threshold),
+                           "max_out": int(max_out)})
 
 
 def is_nms(target: object) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 
-from edgedyn.frontend.nms import masked_rows, valid_rows
+from edgedyn.frontend.nms import masked_rows, note_detections, valid_rows
 
 # torchvision.ops.batched_nms runs NMS per class above this many box coordinates on a CPU, and on class-offset
 # boxes (one NMS) at or below it: the two differ in float32 rounding, so the capture follows the same rule.
@@ -77,6 +77,7 @@ def ssd_postprocess(self: Any, head_outputs: Dict[str, torch.Tensor], image_anch
         box, score, index = boxes.index_select(0, index.flatten()), top.flatten(), index.flatten()
         keep, count = batched_nms(box, score, label, score > NEG_INF, self.nms_thresh, self.detections_per_img)
         detections.append(_padded(box, score, label, keep, count, self.detections_per_img))
+        note_detections(self.score_thresh, self.detections_per_img)
     return detections
 
 
@@ -105,6 +106,7 @@ def retinanet_postprocess(self: Any, head_outputs: Dict[str, List[torch.Tensor]]
         keep, count = batched_nms(boxes, scores, labels, scores > NEG_INF, self.nms_thresh,
                                   self.detections_per_img)
         detections.append(_padded(boxes, scores, labels, keep, count, self.detections_per_img))
+        note_detections(self.score_thresh, self.detections_per_img)
     return detections
 
 

@@ -69,17 +69,22 @@ class Match:
         self.error = ""
 
 
-def match(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], score_tolerance: float) -> Match:
-    """Matches one image's valid rows (see the module docstring).
+def match(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], score_tolerance: float,
+          decided: Optional[Dict[str, Any]] = None) -> Match:
+    """Matches one image's valid rows (see the module docstring); `decided` is what the post-processing kept
+    ({"score_threshold", "max_out"}, recorded at export), None when unknown.
 
-    Note: a row present on one side only is accepted when a decision within the score tolerance explains it:
-    its score is that close to the lowest kept score (the score threshold, or the cut at max_det rows), or a row
-    of the same label left over on the other side has a score that close (two overlapping boxes of nearly the
-    same score: which one NMS keeps depends on which it visits first). At most BORDERLINE_SHARE of the rows may
-    be explained so; anything else is a disagreement. Outputs of a trained detector rarely need this; random
-    weights make a network whose float32 rounding moves scores by 1e-4 (the zoo's SSDlite against float64).
+    Note: a row on one side only is accepted when a decision within the score tolerance explains it: its score is
+    that close to the score threshold (it passed on one side only); both sides are full (`max_out` rows) and its
+    score is that close to the other side's last one (the cut fell between the two); or a row left on the other
+    side has the same label, a different score within the tolerance and a box that overlaps (two overlapping
+    boxes of nearly equal scores: NMS keeps the one it visits first). At most BORDERLINE_SHARE of the rows (and 2)
+    may be explained so; anything else is a disagreement. Random weights make networks whose float32 rounding
+    moves scores by 1e-4 (the zoo's SSDlite against float64), so such decisions do happen between backends.
     """
     result = Match()
+    decided = decided or {}
+    threshold, max_out = decided.get("score_threshold"), decided.get("max_out")
     counts = int(want["count"]), int(got["count"])
     scores = want["scores"][:counts[0]].astype(np.float64), got["scores"][:counts[1]].astype(np.float64)
     labels = want["labels"][:counts[0]], got["labels"][:counts[1]]
@@ -97,14 +102,18 @@ def match(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], score_toleran
             free[best] = False
     matched = {w for w, _ in result.pairs}
     left = ([r for r in range(counts[0]) if r not in matched], [int(r) for r in np.flatnonzero(free)])
-    floor = min([float(s.min()) for s in scores if s.size] or [0.0])
+    full = max_out is not None and counts[0] == counts[1] == int(max_out)
     unexplained = []
     for side in (0, 1):
+        other = 1 - side
         for row in left[side]:
-            other = left[1 - side]
-            swapped = any(labels[1 - side][o] == labels[side][row] and
-                          abs(scores[1 - side][o] - scores[side][row]) <= score_tolerance for o in other)
-            if scores[side][row] <= floor + score_tolerance or swapped:
+            score = scores[side][row]
+            at_threshold = threshold is not None and abs(score - threshold) <= score_tolerance
+            at_cut = full and scores[other].size > 0 and score <= float(scores[other].min()) + score_tolerance
+            swapped = any(labels[other][o] == labels[side][row] and scores[other][o] != score and
+                          abs(scores[other][o] - score) <= score_tolerance and
+                          _iou(boxes[side][row], boxes[other][o:o + 1])[0] > 0 for o in left[other])
+            if at_threshold or at_cut or swapped:
                 result.borderline += 1
             else:
                 unexplained.append((side, row))
@@ -123,8 +132,9 @@ def match(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], score_toleran
 
 
 def compare_group(group: Dict[str, int], got: Sequence[np.ndarray], want: Sequence[np.ndarray],
-                  tolerance: Dict[str, float]) -> Dict[str, Any]:
-    """One result for the whole group (see the module docstring): ok, rows matched, worst IoU, max errors."""
+                  tolerance: Dict[str, float], decided: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """One result for the whole group (see the module docstring): ok, rows matched, worst IoU, max errors;
+    `decided` as `match` takes it."""
     for key, index in group.items():
         if np.shape(got[index]) != np.shape(want[index]):
             return {"ok": False, "max_abs": float("inf"), "max_rel": float("inf"), "error": "{}: shape {} != "
@@ -136,7 +146,7 @@ def compare_group(group: Dict[str, int], got: Sequence[np.ndarray], want: Sequen
     for image in images:
         pick = lambda arrays, key: arrays[group[key]][image]  # noqa: E731
         found = match({key: pick(got, key) for key in KEYS}, {key: pick(want, key) for key in KEYS},
-                      score_tolerance)
+                      score_tolerance, decided)
         if found.error:
             return {"ok": False, "max_abs": float("inf"), "max_rel": float("inf"),
                     "error": "image {}: {}".format(image, found.error) if len(images) > 1 else found.error}
@@ -160,13 +170,31 @@ def compare_group(group: Dict[str, int], got: Sequence[np.ndarray], want: Sequen
 
 
 def compare_outputs(names: Sequence[str], got: Sequence[np.ndarray], want: Sequence[np.ndarray],
-                    tolerance: Dict[str, float], compare: Any) -> List[Dict[str, Any]]:
+                    tolerance: Dict[str, float], compare: Any, decided: Any = None) -> List[Dict[str, Any]]:
     """One result per output: detection groups compared as detections (each member gets the group's result),
-    the other outputs with `compare(got, want, tolerance)`."""
+    the other outputs with `compare(got, want, tolerance)`. `decided`: the specialization's `detections` record
+    (what each group's post-processing kept, in group order), None when the bundle has none."""
     results = [None] * len(names)  # type: List[Any]
-    for group in groups(names):
-        result = dict(compare_group(group, got, want, tolerance), compared="as detections")
+    notes = _decisions(decided)
+    for number, group in enumerate(groups(names)):
+        note = notes[min(number, len(notes) - 1)] if notes else None
+        result = dict(compare_group(group, got, want, tolerance, note), compared="as detections")
         for index in group.values():
             results[index] = result
     return [result if result is not None else compare(np.asarray(g), w, tolerance)
             for result, g, w in zip(results, got, want)]
+
+
+def _decisions(record: Any) -> List[Dict[str, Any]]:
+    """A manifest's `detections` list, each entry checked (a bundle is data from outside); unusable ones dropped."""
+    if not isinstance(record, list):
+        return []
+    notes = []
+    for entry in record[:1024]:
+        if not isinstance(entry, dict):
+            continue
+        threshold, max_out = entry.get("score_threshold"), entry.get("max_out")
+        number = isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and np.isfinite(threshold)
+        notes.append({"score_threshold": float(threshold) if number else None,
+                      "max_out": max_out if isinstance(max_out, int) and not isinstance(max_out, bool) else None})
+    return notes

@@ -237,7 +237,8 @@ class Program:
                                 spec.artifact["files"][EXPECTED_ROLE])
                 expected = [recorded["output.{}".format(i)] for i in range(len(spec.outputs))]
                 extra["against"] = "int8 outputs recorded at export"
-            compared = compare_outputs([r["name"] for r in spec.outputs], actual, expected, tolerance, compare)
+            compared = compare_outputs([r["name"] for r in spec.outputs], actual, expected, tolerance, compare,
+                                       spec.record.get("detections"))
             for record, result in zip(spec.outputs, compared):
                 results.append(dict(result, specialization=spec.name, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))

@@ -240,6 +240,7 @@ _INTEGER_OPS = frozenset([
     _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.clone.default,
     # detection post-processing (ops/detection.py): kept indices, their count, best-class labels
     NMS_OP, _aten.max.dim, _aten.index_select.default, _aten.where.self, _aten.lt.Tensor, _aten.cat.default,
+    _aten.topk.default,
 ])
 
 

@@ -1,5 +1,5 @@
 """Detection post-processing: `edgedyn::nms` as LiteRT's NON_MAX_SUPPRESSION_V4, best class (max with its
-index), rows picked by index (GATHER).
+index), top-k (TOPK_V2), rows picked by index (GATHER), and the image copy torchvision batches its inputs with.
 
 NON_MAX_SUPPRESSION_V4 is LiteRT's greedy NMS with a fixed output size: candidates above the score threshold
 (-inf here, so -inf scores are not candidates, as the op defines), visited by descending score, IoU computed in
@@ -15,6 +15,8 @@ import torch
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value
 from edgedyn.backends.tflite.ops.integers import cast
+from edgedyn.backends.tflite.ops.pooling import reduce
+from edgedyn.backends.tflite.ops.shapes import expand
 from edgedyn.frontend.nms import NMS_OP
 
 aten = torch.ops.aten
@@ -66,8 +68,38 @@ def index_select(ctx: Lowering, node: Any, x: Value, dim: int, index: Value) -> 
     return ctx.emit("GATHER", [source, indices], shape, None, "GatherOptions", x.dtype, axis=dim, batch_dims=0)
 
 
+def topk(ctx: Lowering, node: Any, x: Value, k: int, dim: int = -1, largest: bool = True,
+         sorted: bool = True) -> Tuple[Value, Value]:
+    """TOPK_V2 along the last dim, sorted: the k largest and their int64 indices (TOPK_V2 gives int32)."""
+    if dim % x.rank != x.rank - 1 or not largest:
+        raise Unsupported("topk along dim {} of a {}-d tensor{} (only the largest, along the last dim)".format(
+            dim, x.rank, "" if largest else ", smallest"))
+    shape = list(x.shape[:-1]) + [int(k)]
+    values = ctx.new(shape, x.dtype, name="topk_values")
+    indices = ctx.new(shape, np.int32, name="topk_indices")
+    source = ctx.torch_order(x) if not x.is_constant else ctx.tensor(x)
+    ctx.writer.operator("TOPK_V2", [source, ctx.writer.constant(np.asarray(int(k), np.int32), keep_rank=True)],
+                        [values.tensor, indices.tensor])
+    return values, cast(ctx, indices, np.int64)
+
+
+def max_all(ctx: Lowering, node: Any, x: Value) -> Value:
+    """The largest element, a 0-d tensor (REDUCE_MAX over every dim)."""
+    return reduce(ctx, "REDUCE_MAX", x, None, False)
+
+
+def copy(ctx: Lowering, node: Any, target: Value, source: Value, non_blocking: bool = False) -> Value:
+    """aten.copy(self, src): src's values in self's shape (torchvision batching its detectors' images)."""
+    if source.dtype != target.dtype:
+        raise Unsupported("copy between dtypes {} and {}".format(source.dtype, target.dtype))
+    return expand(ctx, node, source, list(target.shape))
+
+
 CONVERTERS = {
     NMS_OP: nms,
     aten.max.dim: max_dim,
+    aten.max.default: max_all,
+    aten.topk.default: topk,
     aten.index_select.default: index_select,
+    aten.copy.default: copy,
 }
