@@ -17,6 +17,8 @@ import torch
 import edgedyn
 import edgedyn.runtime as rt
 from conftest import require_module
+from detection_reference import padded_detections as _detections
+from detection_reference import torchvision_result, ultralytics_result
 from edgedyn.errors import BackendError, CaptureError
 from edgedyn.runtime.detections import KEYS, compare_group, groups
 from edgedyn.runtime.errors import GuardError
@@ -125,15 +127,6 @@ def test_every_backend_runs_the_nms_op_as_torchvision_does(backend: str, tmp_pat
 # --- comparing detections ----------------------------------------------------------------------------------------
 
 
-def _detections(rows: Any, size: int = 6) -> Dict[str, np.ndarray]:
-    """A padded detection result from (label, score, x1, y1, x2, y2) rows."""
-    rows = np.asarray(rows, np.float64).reshape(-1, 6)
-    pad = size - len(rows)
-    return {"boxes": np.pad(rows[:, 2:].astype(np.float32), ((0, pad), (0, 0))),
-            "scores": np.pad(rows[:, 1].astype(np.float32), (0, pad)),
-            "labels": np.pad(rows[:, 0].astype(np.int64), (0, pad)), "count": np.asarray(len(rows))}
-
-
 def _compare(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], decided: Any = None) -> Dict[str, Any]:
     order = list(KEYS)
     return compare_group({key: i for i, key in enumerate(order)}, [got[k] for k in order],
@@ -208,17 +201,6 @@ def yolo_bundle(yolo: Any, tmp_path_factory: pytest.TempPathFactory) -> Callable
                                             output=folder / "yolo11n-{}.edgedyn".format(backend))
         return cache[backend]
     return export
-
-
-def ultralytics_result(model: Any, image: torch.Tensor, conf: float = 0.25, iou: float = 0.45,
-                       max_det: int = 300) -> Dict[str, np.ndarray]:
-    """ultralytics' own post-processing of the eager model's output, padded as the bundle returns it."""
-    from ultralytics.utils.nms import non_max_suppression
-
-    with torch.no_grad():
-        rows = non_max_suppression(model(image)[0], conf, iou, max_det=max_det)[0].numpy()
-    padded = _detections(np.concatenate([rows[:, 5:6], rows[:, 4:5], rows[:, :4]], 1), max_det)
-    return {key: value[None] for key, value in padded.items()}
 
 
 def assert_same_detections(program: Any, args: Tuple[np.ndarray, ...], want: Dict[str, np.ndarray],
@@ -336,15 +318,6 @@ def ssd() -> Any:
     from edgedyn.zoo import detectors
 
     return detectors.build("ssdlite320")
-
-
-def torchvision_result(model: Any, image: torch.Tensor) -> Dict[str, np.ndarray]:
-    """torchvision's own post-processed output (outside any capture), padded to detections_per_img rows."""
-    with torch.no_grad():
-        result = model(image)[0]
-    rows = np.concatenate([result["labels"][:, None].numpy(), result["scores"][:, None].numpy(),
-                           result["boxes"].numpy()], 1)
-    return _detections(rows, model.detections_per_img)
 
 
 @pytest.mark.parametrize("backend", SSD_BACKENDS)
