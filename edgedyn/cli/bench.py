@@ -28,6 +28,12 @@ def bench_command(
         help="An .npz with one array per input name (default: the bundle's reference inputs).")] = None,
     random_inputs: Annotated[bool, typer.Option(
         "--random-inputs", help="Time fresh random data of the guarded shapes and dtypes instead.")] = False,
+    image: Annotated[Optional[Path], typer.Option(
+        "--image", help="Time the whole pipeline on this image (.jpg, .png): its pre-processing as `edgedyn run` "
+                        "does it (decode, resize, scale; --preprocess) is timed beside the bundle's call, which then "
+                        "takes the image.")] = None,
+    preprocess: Annotated[str, typer.Option(help="With --image: auto, imagenet, unit or none (see edgedyn run).")]
+    = "auto",
     json_path: JsonOption = None,
     profile: Annotated[bool, typer.Option("--profile", help="Also time each operator (the executor's profiler) and "
                                                             "print where the time goes; in --json under 'ops'.")]
@@ -48,6 +54,12 @@ def bench_command(
 
     if json_path is not None and json_path != STDOUT:
         output_file(Path(json_path), "--json")  # refused before the benchmark runs, not after
+    preprocessed = None
+    if image is not None:
+        if remote is not None or emulate:
+            raise EdgedynError("--image times the pre-processing here; it cannot be combined with --remote or "
+                               "--emulate", hint="copy the image to the board and run edgedyn bench --image there")
+        preprocessed, inputs = _preprocessed(bundle, image, preprocess, specialization)
     options = dict(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
                    threads=threads, specialization=specialization, inputs=str(inputs) if inputs is not None else None,
                    random_inputs=random_inputs, device=device, profile=profile,
@@ -66,6 +78,8 @@ def bench_command(
     else:
         with _progress(bundle.name) as on_progress:
             reports = [run_benchmark(str(bundle), config, on_progress=on_progress)]
+        if preprocessed is not None:
+            reports[0].setdefault("pipeline", {})["preprocess"] = preprocessed
     for report in reports:
         err.print("using {}{}".format(report["selection"], " on " + report["remote"]["name"]
                                       if "remote" in report else ""))
@@ -178,6 +192,7 @@ def summary_table(report: Dict[str, Any]) -> Table:
             "{} {}".format(name, version) for name, version in sorted(env.get("runtime_versions", {}).items())])),
         ("bundle sha256", report["bundle_sha256"]),
     ]
+    rows += _pipeline_rows(report.get("pipeline"))
     rows += [("clocks", line) for line in describe_clocks(env)]
     if "emulation" in report:  # edgedyn.emulate: a timing under qemu says nothing about the board
         rows = [(name, value + " ({})".format(report["emulation"]["timings"]) if name in _TIMED_ROWS else value)
@@ -187,6 +202,70 @@ def summary_table(report: Dict[str, Any]) -> Table:
     return table
 
 
+def _pipeline_rows(pipeline: Optional[Dict[str, Any]]) -> List[Any]:
+    """Where a detector's time goes: pre-processing (with --image), the call, the NMS inside it."""
+    if not pipeline:
+        return []
+    rows = []
+    pre = pipeline.get("preprocess")
+    if pre is not None:
+        rows.append(("pre-processing", "{:.3f} ms median ({} of {}, {} runs; before the bundle is called)".format(
+            pre["median_ms"], pre["steps"], Path(pre["image"]).name, pre["runs"])))
+    if "model_and_nms_ms" in pipeline:
+        nms = pipeline.get("nms_ms")
+        rows.append(("model + NMS", "{:.3f} ms median (the bundle's call)".format(pipeline["model_and_nms_ms"])))
+        rows.append(("  of which NMS", "{:.3f} ms ({:.1%} of the profiled call; {})".format(
+            nms, pipeline["nms_share"] or 0.0, pipeline["nms_source"]) if nms is not None else
+            "not measured: {}".format(pipeline["why"])))
+    if pre is not None and "model_and_nms_ms" in pipeline:
+        rows.append(("pipeline", "{:.3f} ms: pre-processing {:.0%}, model + NMS {:.0%}".format(
+            pre["median_ms"] + pipeline["model_and_nms_ms"],
+            pre["median_ms"] / (pre["median_ms"] + pipeline["model_and_nms_ms"]),
+            pipeline["model_and_nms_ms"] / (pre["median_ms"] + pipeline["model_and_nms_ms"]))))
+    return rows
+
+
+def _preprocessed(bundle: Path, image: Path, preprocess: str, specialization: Optional[str]) -> Any:
+    """(the pre-processing's timing record, an .npz holding the image as the bundle's input): `edgedyn run`'s
+    image reading, timed over PREPROCESS_RUNS runs."""
+    import tempfile
+    import time
+
+    import numpy as np
+
+    from edgedyn.cli.run import PREPROCESS, read_image
+    from edgedyn.runtime.detections import groups
+    from edgedyn.runtime.format import read_manifest
+
+    if preprocess not in PREPROCESS:
+        raise EdgedynError("unknown --preprocess '{}'; choose from: {}".format(preprocess, ", ".join(PREPROCESS)))
+    if not image.is_file():
+        raise EdgedynError("--image {}: no such file".format(image), hint="give a .jpg or .png")
+    specs = read_manifest(bundle)["specializations"]
+    spec = next((s for s in specs if specialization in (None, s["name"])), specs[0])
+    tensors = [record for record in spec["inputs"] if len(record["shape"]) == 4 and record["shape"][1] in (1, 3)]
+    if len(spec["inputs"]) != 1 or not tensors:
+        raise EdgedynError("--image needs a bundle with one image input (Nx3xHxW); {} takes {}".format(
+            bundle.name, ", ".join(r["name"] for r in spec["inputs"])), hint="time it with --inputs FILE.npz")
+    detector = bool(groups([record["name"] for record in spec["outputs"]]))
+    mode = ("unit" if detector else "imagenet") if preprocess == "auto" else preprocess
+    shape = tuple(tensors[0]["shape"])
+    times = []
+    for _ in range(PREPROCESS_RUNS):
+        started = time.perf_counter()
+        array = read_image(image, shape, mode)
+        times.append((time.perf_counter() - started) * 1000.0)
+    folder = tempfile.mkdtemp(prefix="edgedyn-bench-")
+    path = Path(folder) / "image.npz"
+    np.savez(str(path), **{tensors[0]["name"]: array})
+    record = {"image": str(image), "preprocess": mode, "runs": PREPROCESS_RUNS,
+              "median_ms": float(np.median(times)), "steps": "decode, resize to {}x{}, {}".format(
+                  shape[2], shape[3], {"unit": "scale to 0-1", "imagenet": "ImageNet normalization",
+                                       "none": "0-255 floats"}[mode])}
+    return record, path
+
+
+PREPROCESS_RUNS = 20
 _TIMED_ROWS = ("load + init", "first inference", "iterations", "latency min / mean / median",
                "latency p90 / p95 / p99 / max", "latency std", "throughput", "guard check")
 

@@ -17,37 +17,56 @@ import numpy as np
 from edgedyn.runtime.kernels.base import Run, array, check, number
 
 
+# Candidates are decided in blocks of this many: each block against the boxes kept before it in one matrix, then
+# within itself in order (Python steps of a few vector ops each, instead of one numpy pass per kept box).
+BLOCK = 64
+
+
 def nms(boxes: np.ndarray, scores: np.ndarray, labels: Optional[np.ndarray], iou_threshold: float,
         max_out: int) -> Tuple[np.ndarray, int]:
-    """(keep: int64[max_out], count): see the module docstring. Allocates O(len(scores)) per call."""
+    """(keep: int64[max_out], count): see the module docstring. Allocates O(len(scores) + BLOCK * max_out)."""
     keep = np.zeros(max_out, np.int64)
     candidates = np.flatnonzero(scores > -np.inf)  # NaN and -inf are never candidates
     if candidates.size == 0 or max_out == 0:
         return keep, 0
     order = candidates[np.argsort(-scores[candidates].astype(np.float64), kind="stable")]
-    x1, y1, x2, y2 = (boxes[order, k] for k in range(4))
-    areas = (x2 - x1) * (y2 - y1)
+    corners = boxes[order].astype(np.float32)
+    areas = (corners[:, 2] - corners[:, 0]) * (corners[:, 3] - corners[:, 1])
     group = labels[order] if labels is not None else None
-    alive = np.ones(order.size, bool)
-    count = 0
-    for position in range(order.size):
-        if not alive[position]:
-            continue
-        keep[count] = order[position]
-        count += 1
-        if count == max_out:
+    kept = []  # type: List[int]  # positions in `order`
+    for start in range(0, order.size, BLOCK):
+        block = np.arange(start, min(start + BLOCK, order.size))
+        alive = np.ones(block.size, bool)
+        if kept:
+            alive &= ~np.any(_suppresses(corners, areas, group, np.asarray(kept), block, iou_threshold), axis=0)
+        within = _suppresses(corners, areas, group, block, block, iou_threshold)
+        for row in range(block.size):
+            if not alive[row]:
+                continue
+            kept.append(int(block[row]))
+            if len(kept) == max_out:
+                break
+            alive[row + 1:] &= ~within[row, row + 1:]
+        if len(kept) == max_out:
             break
-        rest = slice(position + 1, order.size)
-        width = np.maximum(np.minimum(x2[position], x2[rest]) - np.maximum(x1[position], x1[rest]), np.float32(0))
-        height = np.maximum(np.minimum(y2[position], y2[rest]) - np.maximum(y1[position], y1[rest]), np.float32(0))
-        inter = width * height
-        with np.errstate(invalid="ignore", divide="ignore"):
-            iou = inter / (areas[position] + areas[rest] - inter)
-        suppressed = iou.astype(np.float64) > iou_threshold
-        if group is not None:
-            suppressed &= group[rest] == group[position]
-        alive[rest] &= ~suppressed
-    return keep, count
+    keep[:len(kept)] = order[kept]
+    return keep, len(kept)
+
+
+def _suppresses(corners: np.ndarray, areas: np.ndarray, group: Optional[np.ndarray], first: np.ndarray,
+                then: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """bool [len(first), len(then)]: whether box `first[i]`, visited earlier, suppresses box `then[j]` (IoU in
+    float32 with torchvision's operation order, compared in float64; same label when labels are given)."""
+    a, b = corners[first][:, None, :], corners[then][None, :, :]
+    width = np.maximum(np.minimum(a[..., 2], b[..., 2]) - np.maximum(a[..., 0], b[..., 0]), np.float32(0))
+    height = np.maximum(np.minimum(a[..., 3], b[..., 3]) - np.maximum(a[..., 1], b[..., 1]), np.float32(0))
+    inter = width * height
+    with np.errstate(invalid="ignore", divide="ignore"):
+        iou = inter / (areas[first][:, None] + areas[then][None, :] - inter)
+    suppressed = iou.astype(np.float64) > iou_threshold
+    if group is not None:
+        suppressed &= group[first][:, None] == group[then][None, :]
+    return suppressed
 
 
 def _nms_kernel(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
