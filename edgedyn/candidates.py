@@ -15,6 +15,7 @@ from edgedyn.boards import Board, Target
 from edgedyn.errors import BackendError, EdgedynError
 from edgedyn.frontend import Specialization
 from edgedyn.passes import pipeline_passes, run_pipeline
+from edgedyn.runtime.detections import compare_outputs
 from edgedyn.runtime.format import host_arch
 from edgedyn.runtime.precision import FP32, REDUCED, expand, host_features, is_native, missing_words
 from edgedyn.runtime.program import FP32_TOLERANCE, compare
@@ -208,7 +209,8 @@ def gated(artifact: Artifact, candidate: Candidate, spec: Specialization, accura
     """The accuracy record of a reduced-precision artifact that runs here, once it meets the gate (EdgedynError with
     the numbers when it misses)."""
     with open_executor(artifact) as (executor, record):
-        _check_outputs(artifact, record, executor.run(example_arrays(spec)), spec.reference_outputs)
+        _check_outputs(artifact, record, executor.run(example_arrays(spec)), spec.reference_outputs,
+                       spec.output_names, spec.detections)
         return accuracy.check(candidate.label, candidate.precision, executor.run)
 
 
@@ -217,19 +219,22 @@ def _open_checked(stack: contextlib.ExitStack, artifact: Artifact, spec: Special
     eager (EdgedynError if they do not)."""
     with contextlib.ExitStack() as opened:  # closed again at once when the check fails
         executor, record = opened.enter_context(open_executor(artifact))
-        _check_outputs(artifact, record, executor.run(example_arrays(spec)), spec.reference_outputs)
+        _check_outputs(artifact, record, executor.run(example_arrays(spec)), spec.reference_outputs,
+                       spec.output_names, spec.detections)
         stack.enter_context(opened.pop_all())
     return executor
 
 
-def check_outputs(artifact: Artifact, outputs: List[np.ndarray], expected: List[np.ndarray]) -> None:
+def check_outputs(artifact: Artifact, outputs: List[np.ndarray], spec: Specialization) -> None:
     """A candidate's outputs on the example inputs (computed here or on the emulated board) against torch eager's:
-    within the fp32 tolerance, or, for int8 and reduced precisions, not broken (their gates judge the rest)."""
-    _check_outputs(artifact, dict(artifact.meta), outputs, expected)
+    within the fp32 tolerance (detections as matched rows), or, for int8 and reduced precisions, not broken (their
+    gates judge the rest)."""
+    _check_outputs(artifact, dict(artifact.meta), outputs, spec.reference_outputs, spec.output_names,
+                   spec.detections)
 
 
 def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.ndarray],
-                   expected: List[np.ndarray]) -> None:
+                   expected: List[np.ndarray], names: List[str], detections: Any = None) -> None:
     if len(outputs) != len(expected):
         raise BackendError("{} returned {} outputs, torch eager {}".format(
             artifact.backend, len(outputs), len(expected)))
@@ -237,8 +242,7 @@ def _check_outputs(artifact: Artifact, record: Dict[str, Any], outputs: List[np.
         _check_sane(artifact, outputs, expected, "int8" if "quantization" in record else record["precision"])
         return
     tolerance = record.get("tolerance", FP32_TOLERANCE)
-    for index, (got, want) in enumerate(zip(outputs, expected)):
-        result = compare(np.asarray(got), want, tolerance)
+    for index, result in enumerate(compare_outputs(names, outputs, expected, tolerance, compare, detections)):
         if not result["ok"]:
             raise BackendError("{} disagrees with torch eager on output {}: {}".format(
                 artifact.backend, index, result.get("error") or "max relative error {:.3g} (rtol {})".format(

@@ -31,7 +31,7 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
            pipeline: str = "default", device: str = "auto", precision: str = "auto", verify: bool = True,
            progress: Optional[Progress] = None, quantize: Optional[str] = None, calibration: Any = None,
            eval_inputs: Any = None, max_accuracy_drop: Optional[str] = None, pad: Any = None,
-           pad_side: str = "right") -> Path:
+           pad_side: str = "right", nms: Any = None) -> Path:
     """Exports `model` for `board` into one bundle file and returns its path.
 
     `model`: an nn.Module (instance, class or zero-argument factory), a function, or "path.py:name".
@@ -53,6 +53,8 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     `pad`: for inputs given with bucket sizes (`inputs=["input_ids=1x{16,32,64}:int64"]`), the value each is padded
     with ("input_ids=0,attention_mask=0" or a dict), on the `pad_side` ("right" or "left") of the bucketed
     dimension; padding is proven exact against torch eager here, or refused (docs/buckets.md).
+    `nms`: "iou=0.45,conf=0.25,max_det=300" (or an NmsOptions) appends NMS to a raw detection head such as
+    YOLO's; the bundle then returns boxes, scores, labels and count (edgedyn/frontend/detection.py).
     """
     from edgedyn.quantize import plan as quantize_plan
     from edgedyn.quantize.precision import check_precision, float_gate
@@ -69,7 +71,7 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     cpu_precision = "auto" if gpu_target is not None and precision == "fp16" else precision
     _check_precision_available(backend, target_board, cpu_precision, quantizing)
     step("capturing {}".format(model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)))
-    captured = capture(model, example_inputs, inputs=inputs)
+    captured = capture(model, example_inputs, inputs=inputs, nms=nms)
     prove_padding(captured, parse_pad(pad, pad_side), step)
     writer = BundleWriter()
     records = []
@@ -243,7 +245,9 @@ def _specialization_record(writer: BundleWriter, index: int, spec: Specializatio
         records.append(dict(artifact.meta, backend=artifact.backend, executor=artifact.executor,
                             device=artifact.device, arch=artifact.arch, target=artifact.target, files=files))
     fallback = artifacts[-1]
+    extra = {"detections": spec.detections} if spec.detections else {}  # type: Dict[str, Any]
     return {
+        **extra,
         "name": spec.name,
         "guards": spec.guards,
         "inputs": [_tensor_record(name, tensor.numpy()) for name, tensor in zip(spec.tensor_inputs, spec.example_tensors)],
@@ -344,8 +348,9 @@ def _verify_or_fail(path: Path, name: str) -> None:
     if failed:
         worst = max(failed, key=lambda r: r["max_rel"])
         raise VerificationMismatch(
-            "{}: the exported artifact ({}) disagrees with torch eager on {} output {}: max abs error {:.3g}, "
+            "{}: the exported artifact ({}) disagrees with torch eager on {} output {}: {}max abs error {:.3g}, "
             "relative {:.3g} (tolerance rtol {}, atol {}); {} of the outputs failed. No bundle was written. This is "
             "a bug: please report it with EDGEDYN_DEBUG=1 output, and try another --backend meanwhile".format(
-                name, worst.get("artifact"), worst["specialization"], worst["output"], worst["max_abs"],
+                name, worst.get("artifact"), worst["specialization"], worst["output"],
+                worst["error"] + "; " if worst.get("error") else "", worst["max_abs"],
                 worst["max_rel"], worst.get("rtol"), worst.get("atol"), len(failed)))

@@ -216,7 +216,7 @@ def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Opt
         extra = list(accuracy.batches)
 
     def judge(outputs: List[List[np.ndarray]], computed: str) -> None:
-        check_outputs(artifact, outputs[0], spec.reference_outputs)
+        check_outputs(artifact, outputs[0], spec)
         if candidate.precision in REDUCED and computed != candidate.precision:
             raise EdgedynError("the emulated CPU computed it in {}, not {}: the board's runtime would not use {} "
                                "either".format(computed, candidate.precision, candidate.precision))

@@ -46,6 +46,8 @@ MODULE_EXTRAS = {
     "nvidia.cuda_nvcc": "cuda",
     "vermin": "test",
     "transformers": "zoo",
+    "torchvision": "zoo",
+    "ultralytics": "zoo",
     "tornado": "fleet",
     "xgboost": "fleet",
     "cryptography": "sign",

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import edgedyn.runtime as rt
-from edgedyn.runtime.bench import BenchConfig, profile_ops, run_benchmark
-from edgedyn.runtime.profiling import GUARDS, MAX_RUNS, UNATTRIBUTED, runs_to_profile, typical_runs
+from edgedyn.runtime.bench import BenchConfig, run_benchmark
+from edgedyn.runtime.profiling import GUARDS, MAX_RUNS, UNATTRIBUTED, profile_ops, runs_to_profile, typical_runs
 from edgedyn.runtime.executors.onnxruntime import node_times, profiler_floor_ms
 from edgedyn.runtime.executors.tvm import _op_type
 

@@ -575,7 +575,9 @@ def test_cross_board_follows_its_preference_and_skips_what_fails(monkeypatch, lo
     assert artifact.backend == "onnxruntime"
     assert artifact.meta["selection"] == {
         "mode": "board preference", "order": ["tvm", "onnxruntime"], "chosen": "onnxruntime", "precision": "fp32",
-        "rejected": {"tvm": "cannot express aten.mul.Tensor (examples/loop_example.py:12)"}, "verified_on_host": True}
+        "rejected": {"tvm": "cannot express aten.mul.Tensor (examples/loop_example.py:12)"}, "verified_on_host": True,
+        "not_measured": "the emulated raspberry-pi-4 could not measure the candidates here (no probe bundle); the "
+                        "board file's preference decided"}
 
 
 def test_cross_board_int8_skips_a_preferred_candidate_that_misses_the_gate_here(monkeypatch, loop_spec):
@@ -606,7 +608,12 @@ def test_cross_board_never_picks_a_portable_artifact_that_failed_here(monkeypatc
     assert "disagrees with torch eager" in artifact.meta["selection"]["rejected"]["tvm"]
 
 
-def test_cross_board_bundle_records_the_preference(tmp_path):
+def test_cross_board_bundle_records_the_preference_when_the_board_cannot_be_emulated(tmp_path, monkeypatch):
+    # With qemu and the counting plugin, auto measures another board's candidates on its emulated CPU
+    # (tests/board/test_onboard.py); without them the board file's preference decides, and the manifest says why.
+    import edgedyn.onboard
+
+    monkeypatch.setattr(edgedyn.onboard, "unavailable", lambda board: "missing qemu-aarch64 (as if not installed)")
     path = edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], board="raspberry-pi-4",
                           output=tmp_path / "mlp.edgedyn")
     (spec,) = rt.read_manifest(path)["specializations"]
@@ -616,6 +623,9 @@ def test_cross_board_bundle_records_the_preference(tmp_path):
     assert artifact["backend"] == first == "onnxruntime"
     assert artifact["selection"]["mode"] == "board preference"
     assert artifact["selection"]["order"] == list(board.backends)
+    assert artifact["selection"]["not_measured"] == (
+        "the emulated raspberry-pi-4 could not measure the candidates here (missing qemu-aarch64 (as if not "
+        "installed)); the board file's preference decided")
 
 
 def test_auto_measures_every_backend_on_mobilenet_v2_and_keeps_the_fastest(tmp_path, capsys):

@@ -139,8 +139,12 @@ def build(request: Dict[str, Any]) -> Dict[str, Any]:
 
     if not tvm.runtime.enabled("cuda"):
         raise RuntimeError("TVM's CUDA runtime did not load (driver: {}); GPU code would not be compiled".format(driver))
+    import edgedyn.frontend.nms  # noqa: F401  (registers edgedyn::nms, which a detector's saved program holds)
+    from edgedyn.backends import tvm_nms
+
     program = torch.export.load(request["program"])
-    module = from_exported_program(program, keep_params_as_input=True, unwrap_unit_return_tuple=True)
+    module = from_exported_program(program, keep_params_as_input=True, unwrap_unit_return_tuple=True,
+                                   custom_convert_map=tvm_nms.convert_map())
     module, params = relax.frontend.detach_params(module)
     weights = [p.numpy() for p in params.get("main", [])]
     module = relax.transform.DecomposeOpsForInference()(module)

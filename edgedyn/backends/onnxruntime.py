@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from edgedyn.backends import onnx_rewrites
+from edgedyn.backends import onnx_nms, onnx_rewrites
 from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import Board
 from edgedyn.errors import BackendError, MissingDependencyError
@@ -143,7 +143,8 @@ def _export(onnx: Any, program: Any, tensor_inputs: List[str], output_names: Lis
         # (4, 16, 32)`); inference graphs are exported as they run, without it.
         with quiet_torch(), torch.no_grad():
             exported = torch.onnx.export(program, (), dynamo=True, opset_version=OPSET, optimize=True,
-                                         input_names=list(tensor_inputs), output_names=output_names, verbose=False)
+                                         input_names=list(tensor_inputs), output_names=output_names, verbose=False,
+                                         custom_translation_table=onnx_nms.translations(OPSET))
     except Exception as error:
         raise BackendError("torch's ONNX exporter cannot convert this graph: {}".format(_first_line(error)),
                            hint="try another --backend, or report the operator named above")

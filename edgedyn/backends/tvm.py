@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import Target
 from edgedyn.backends import tuning_records as database
+from edgedyn.backends import tvm_nms
 from edgedyn.errors import BackendError, GpuBuildError, MissingDependencyError
 from edgedyn.runtime.format import cache_dir, host_arch, pack_arrays
 from edgedyn.runtime.program import FP32_TOLERANCE
@@ -73,7 +74,8 @@ def import_relax(program: Any) -> Tuple[Any, List[Any]]:
 
     try:
         with quiet_torch():
-            module = from_exported_program(program, keep_params_as_input=True, unwrap_unit_return_tuple=True)
+            module = from_exported_program(program, keep_params_as_input=True, unwrap_unit_return_tuple=True,
+                                           custom_convert_map=tvm_nms.convert_map())
     except Exception as error:
         raise BackendError("TVM's torch frontend cannot import this graph: {}".format(_first_line(error)),
                            hint="try --backend with another backend, or report the operator named above")

@@ -9,6 +9,7 @@ from typing_extensions import Annotated
 
 from edgedyn.cli.common import (STDOUT, AllBoardsOption, JsonOption, KeyOption, RemoteOption, emit_json, err,
                                 human_bytes, out, output_file, remote_reports)
+from edgedyn.cli.detections import pipeline_rows, time_preprocessing
 from edgedyn.errors import EdgedynError
 
 TOP_OPS = 10  # rows of "Top by computation time", as benchmark_model prints
@@ -28,6 +29,12 @@ def bench_command(
         help="An .npz with one array per input name (default: the bundle's reference inputs).")] = None,
     random_inputs: Annotated[bool, typer.Option(
         "--random-inputs", help="Time fresh random data of the guarded shapes and dtypes instead.")] = False,
+    image: Annotated[Optional[Path], typer.Option(
+        "--image", help="Time the whole pipeline on this image (.jpg, .png): its pre-processing as `edgedyn run` "
+                        "does it (decode, resize, scale; --preprocess) is timed beside the bundle's call, which then "
+                        "takes the image.")] = None,
+    preprocess: Annotated[str, typer.Option(help="With --image: auto, imagenet, unit or none (see edgedyn run).")]
+    = "auto",
     json_path: JsonOption = None,
     profile: Annotated[bool, typer.Option("--profile", help="Also time each operator (the executor's profiler) and "
                                                             "print where the time goes; in --json under 'ops'.")]
@@ -62,6 +69,12 @@ def bench_command(
 
     if json_path is not None and json_path != STDOUT:
         output_file(Path(json_path), "--json")  # refused before the benchmark runs, not after
+    preprocessed = None
+    if image is not None:
+        if remote is not None or emulate:
+            raise EdgedynError("--image times the pre-processing here; it cannot be combined with --remote or "
+                               "--emulate", hint="copy the image to the board and run edgedyn bench --image there")
+        preprocessed, inputs = time_preprocessing(bundle, image, preprocess, specialization)
     options = dict(warmup=warmup, iterations=iterations, duration_s=duration, max_duration_s=max_duration,
                    threads=threads, specialization=specialization, inputs=str(inputs) if inputs is not None else None,
                    random_inputs=random_inputs, device=device, profile=profile,
@@ -87,6 +100,8 @@ def bench_command(
     else:
         with _progress(bundle.name) as on_progress:
             reports = [run_benchmark(str(bundle), config, on_progress=on_progress)]
+        if preprocessed is not None:
+            reports[0].setdefault("pipeline", {})["preprocess"] = preprocessed
     for report in reports:
         err.print("using {}{}".format(report["selection"], " on " + report["remote"]["name"]
                                       if "remote" in report else ""))
@@ -256,6 +271,7 @@ def summary_table(report: Dict[str, Any]) -> Table:
             "{} {}".format(name, version) for name, version in sorted(env.get("runtime_versions", {}).items())])),
         ("bundle sha256", report["bundle_sha256"]),
     ]
+    rows += pipeline_rows(report.get("pipeline"))
     rows += [("clocks", line) for line in describe_clocks(env)]
     if "emulation" in report:  # edgedyn.emulate: a timing under qemu says nothing about the board
         rows = [(name, value + " ({})".format(report["emulation"]["timings"]) if name in _TIMED_ROWS else value)

@@ -56,6 +56,10 @@ def export_command(
                                                              "(minimum), max_abs=0.05; comma-separated. Default: "
                                                              "cosine=0.99 on every output.")]
     = None,
+    nms: Annotated[Optional[str], typer.Option("--nms", help="Append NMS to a raw detection head (YOLO's [batch, "
+                                               "4 + classes, anchors]): iou=0.45,conf=0.25,max_det=300 (any "
+                                               "subset; classes=N, agnostic). Outputs boxes, scores, labels, count; "
+                                               "the thresholds are specialized and guarded.")] = None,
     sign: Annotated[Optional[Path], typer.Option("--sign", help="Sign the bundle with this Ed25519 private key "
                                                  "(`edgedyn keygen`); boards check it with --trusted-keys.")] = None,
 ) -> None:
@@ -73,7 +77,8 @@ def export_command(
         path = export(model, board=board, output=output, backend=backend, inputs=input_ or None,
                       pipeline=pipeline, device=device, precision=precision, verify=verify, progress=step,
                       quantize=quantize, calibration=calibration, eval_inputs=eval_inputs,
-                      max_accuracy_drop=max_accuracy_drop, pad=pad, pad_side=pad_side)
+                      max_accuracy_drop=max_accuracy_drop, pad=pad, pad_side=pad_side,
+                      nms=nms)
     if sign is not None:
         from edgedyn.bundle import sign_bundle
 

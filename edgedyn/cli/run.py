@@ -10,9 +10,10 @@ from typing_extensions import Annotated
 
 from edgedyn.cli.common import STDOUT, JsonOption, emit_json, err, out
 from edgedyn.errors import EdgedynError
+from edgedyn.runtime.detections import groups
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
-PREPROCESS = ("imagenet", "none")
+PREPROCESS = ("auto", "imagenet", "unit", "none")
 # torchvision's ImageNet normalization, which the classifiers people export were trained with.
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
@@ -29,11 +30,16 @@ def run_command(
         "--output", "-o", help="Write the outputs, by name, to this .npz ('-' for stdout).")] = None,
     preprocess: Annotated[str, typer.Option(
         help="How an image becomes a tensor: imagenet (resize to the input's HxW, RGB, scale to 0-1, ImageNet mean "
-             "and std, NCHW) or none (resize, RGB, the 0-255 pixel values as float32, NCHW).")] = "imagenet",
+             "and std, NCHW), unit (resize, RGB, scale to 0-1, NCHW: what YOLO and torchvision's detectors take), "
+             "none (resize, RGB, the 0-255 pixel values as float32, NCHW) or auto (unit for a bundle that returns "
+             "detections, else imagenet).")] = "auto",
     print_top: Annotated[Optional[int], typer.Option(
         "--print-top", help="Print the K highest scores (class indices) of each output.")] = None,
     labels: Annotated[Optional[Path], typer.Option(help="A text file with one class name per line, for --print-top.")]
     = None,
+    draw: Annotated[Optional[Path], typer.Option(
+        "--draw", help="For a detector run on an image: write that image with the detected boxes drawn on it "
+                       "(.jpg, .png).")] = None,
     json_path: JsonOption = None,
     threads: Annotated[Optional[int], typer.Option(help="Threads for the executor.")] = None,
     device: Annotated[str, typer.Option(help="auto: GPU artifact when this machine can run it, else CPU; or cpu, gpu.")]
@@ -47,8 +53,15 @@ def run_command(
         raise EdgedynError("unknown --preprocess '{}'; choose from: {}".format(preprocess, ", ".join(PREPROCESS)))
     if output == STDOUT and json_path == STDOUT:
         raise EdgedynError("-o - and --json both want stdout", hint="write one of them to a file")
+    from edgedyn.cli import detections
+
     program = rt.load(bundle, threads=threads, device=device)
-    values = read_inputs(program, input_, preprocess)
+    detector = any(groups([o["name"] for o in spec.outputs]) for spec in program.specializations)
+    if draw is not None and not detector:
+        raise EdgedynError("--draw: {} returns no detections (outputs boxes, scores, labels, count)".format(
+            bundle.name), hint="export the detector with its NMS inside (--nms for a YOLO head)")
+    values = read_inputs(program, input_, "unit" if preprocess == "auto" and detector else
+                         "imagenet" if preprocess == "auto" else preprocess)
     spec, bound = program.dispatch(**values)
     err.print("using {}".format(spec.selection()))
     flat = flatten_outputs(spec.output_tree, program(**bound))
@@ -61,16 +74,37 @@ def run_command(
     if print_top:
         for name, array in named.items():
             report["outputs"][name]["top"] = top_classes(array, print_top, names)
+    rows = detections.detection_rows(named) if detector else None
+    if rows is not None:
+        report["detections"] = rows
+    if draw is not None:
+        image, name = _drawn_image(input_, spec)
+        report["drawn"] = {"path": str(draw), "boxes": detections.draw(
+            image, rows or [], tuple(_image_shape(program, name)[2:]), draw, names)}
+        err.print("wrote {} ({} boxes)".format(draw, report["drawn"]["boxes"]))
     if emit_json(report, json_path):
         return
     # With the outputs on stdout, what a person reads goes to stderr.
     console = err if output == STDOUT else out
+    if rows is not None:
+        detections.print_table(console, rows, names)
+        return
     for name, record in report["outputs"].items():
         console.print("{} {}[{}]".format(name, record["dtype"], "x".join(str(d) for d in record["shape"])))
         for rank, item in enumerate(record.get("top", []), 1):
             console.print("  #{} {:<24} score {:.4g}  p {:.4f}".format(
                 rank, "class {}".format(item["class"]) + (" {}".format(item["label"]) if "label" in item else ""),
                 item["score"], item["probability"]))
+
+
+def _drawn_image(options: Sequence[str], spec: Any) -> Tuple[Path, str]:
+    """The image file given for the detector's image input, and that input's name (--draw draws on it)."""
+    for option in options:
+        name, _, source = option.partition("=")
+        if Path(source).suffix.lower() in IMAGE_SUFFIXES and name in spec.inputs:
+            return Path(source), name
+    raise EdgedynError("--draw needs an image as the input (--input {}=photo.jpg)".format(
+        spec.inputs[0] if spec.inputs else "x"), hint="give a .jpg or .png")
 
 
 def read_inputs(program: Any, options: Sequence[str], preprocess: str) -> Dict[str, Any]:
@@ -176,9 +210,9 @@ def read_image(path: Path, shape: Tuple[int, int, int, int], preprocess: str) ->
     with Image.open(str(path)) as image:
         pixels = image.convert("RGB" if channels == 3 else "L").resize((width, height), Image.BILINEAR)
         array = np.asarray(pixels, dtype=np.float32).reshape(height, width, channels)
-    if preprocess == "imagenet":
+    if preprocess in ("imagenet", "unit"):
         array = array / 255.0
-        if channels == 3:
+        if channels == 3 and preprocess == "imagenet":
             array = (array - IMAGENET_MEAN) / IMAGENET_STD
     chw = np.asarray(array.transpose(2, 0, 1), dtype=np.float32, order="C")
     return np.repeat(chw[None], batch, axis=0)

@@ -4,9 +4,7 @@ Python control flow is unrolled and Python scalars are specialized; every assump
 dtype and sizes, each scalar's value) becomes a guard that the runtime checks on every call.
 """
 import inspect
-import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -16,7 +14,10 @@ from edgedyn.errors import CaptureError
 from edgedyn.frontend.buckets import BucketGroup, expand_buckets
 from edgedyn.frontend.inputs import InputSet, TensorSpec, normalize_examples, parse_input_options
 from edgedyn.frontend.loading import load_reference, resolve_model
+from edgedyn.frontend.nms import noting_detections
 from edgedyn.frontend.outputs import flatten_output, output_names
+from edgedyn.frontend.source import describe, failure_frames
+from edgedyn.frontend.torchvision_detection import fixed_shape_postprocessing
 from edgedyn.runtime import guards as guard_records
 from edgedyn.torch_quiet import quiet_torch
 
@@ -35,6 +36,9 @@ class Specialization:
     guards: List[Dict[str, Any]]
     output_tree: Dict[str, Any]
     reference_outputs: List[np.ndarray]
+    # What each detection output (boxes, scores, labels, count) kept: its score threshold and row count, noted by
+    # the post-processing that made it (edgedyn/frontend/nms.py); empty for other models.
+    detections: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def example_args(self) -> Tuple[torch.Tensor, ...]:
@@ -59,11 +63,12 @@ class Captured:
 
 
 def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence[str]] = None,
-            seed: int = 0) -> Captured:
+            seed: int = 0, nms: Any = None) -> Captured:
     """Captures `model` (nn.Module, class, factory, function, or "file.py:name") at each example input set.
 
     `example_inputs` is a tuple or dict of inputs (one specialization) or a list of them (several); `inputs`
     are `--input NAME=VALUE` strings instead. With neither, the model file's `example_inputs()` is used.
+    `nms` (an NmsOptions or its `--nms` text) appends NMS to a raw detection head (edgedyn/frontend/detection.py).
     """
     name = getattr(model, "__name__", type(model).__name__)
     if isinstance(model, str):
@@ -80,6 +85,10 @@ def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence
     if isinstance(model, torch.nn.Module):
         _eval(model)
         name = type(model).__name__ if name in ("", type(model).__name__) else name
+    if nms is not None:
+        from edgedyn.frontend.detection import NmsOptions, parse_nms, with_nms
+
+        model = with_nms(model, nms if isinstance(nms, NmsOptions) else parse_nms(nms))
     parameters = _parameters(model, name)
     groups = []  # type: List[BucketGroup]
     if inputs:
@@ -93,11 +102,12 @@ def capture(model: Any, example_inputs: Any = None, *, inputs: Optional[Sequence
                            hint="pass example_inputs=(tensor, ...) or inputs=['x=1x3x224x224']")
     captured = Captured(name=name, signature=_signature(parameters, sets, name), buckets=groups, model=model,
                         order=[p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
-    for index, (values, source) in enumerate(zip(sets, sources)):
-        spec = _capture_one(model, parameters, values, source, seed + index, name)
-        if any(existing.name == spec.name for existing in captured.specializations):
-            raise CaptureError("specialization {} is given twice".format(spec.name))
-        captured.specializations.append(spec)
+    with fixed_shape_postprocessing(model):
+        for index, (values, source) in enumerate(zip(sets, sources)):
+            spec = _capture_one(model, parameters, values, source, seed + index, name)
+            if any(existing.name == spec.name for existing in captured.specializations):
+                raise CaptureError("specialization {} is given twice".format(spec.name))
+            captured.specializations.append(spec)
     return captured
 
 
@@ -110,21 +120,23 @@ def _eval(model: torch.nn.Module) -> None:
 
 
 def _parameters(model: Any, name: str) -> List[inspect.Parameter]:
-    """The named arguments of the model's forward; `**kwargs` is left empty, so it is not one of them."""
+    """The named arguments of the model's forward; `*args` and `**kwargs` are left empty, so they are not among
+    them."""
     function = model.forward if isinstance(model, torch.nn.Module) else model
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError) as error:
         raise CaptureError("cannot read the signature of {}: {}".format(name, error))
-    for parameter in parameters:
-        if parameter.kind == parameter.VAR_POSITIONAL:
-            raise CaptureError(
-                "{} takes *{}; edgedyn needs named arguments to guard them".format(name, parameter.name),
-                hint="wrap the model in a function with explicit arguments",
-            )
-    # Note: `transformers` models take `**kwargs` (attention options passed down); arguments given by name are
-    # captured and guarded, every other one takes its default, and **kwargs receives nothing.
-    return [p for p in parameters if p.kind != p.VAR_KEYWORD]
+    named = [p for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    rest = [p for p in parameters if p.kind == p.VAR_POSITIONAL]
+    if rest and not named:
+        raise CaptureError(
+            "{} takes only *{}; edgedyn needs named arguments to guard them".format(name, rest[0].name),
+            hint="wrap the model in a function with explicit arguments")
+    # Note: `transformers` models take `**kwargs` (attention options passed down) and ultralytics' take
+    # `forward(self, x, *args, **kwargs)`; arguments given by name are captured and guarded, every other one takes
+    # its default, and *args and **kwargs receive nothing.
+    return named
 
 
 def _bind(parameters: List[inspect.Parameter], example: Any, name: str) -> InputSet:
@@ -242,7 +254,7 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
     wrapper = _Specialized(model, tensor_names, constants, order)
     wrapper.training = False  # not .eval(): it would recurse into an ExportedProgram module, which refuses it
     args = tuple(tensors[n] for n in tensor_names)
-    with torch.no_grad():
+    with torch.no_grad(), noting_detections() as detections:
         try:
             eager = _call(model, order, dict(tensors, **constants))
         except Exception as error:
@@ -258,6 +270,7 @@ def _capture_one(model: Any, parameters: List[inspect.Parameter], values: InputS
         guards=guards,
         output_tree=output_tree,
         reference_outputs=[t.detach().cpu().numpy() for t in flat],
+        detections=list(detections),
     )
 
 
@@ -294,16 +307,19 @@ _DATA_DEPENDENT = ("data-dependent", "data dependent", "GuardOnDataDependentSymN
 
 def _explain_export_failure(error: Exception, name: str) -> CaptureError:
     text = "{}: {}".format(type(error).__name__, error)
-    where = _user_frame(error)
-    location = " at {}:{}".format(*where[:2]) if where else ""
-    code = "\n    {}".format(where[2]) if where and where[2] else ""
+    location, code = describe(error)
     if any(marker in text for marker in _DATA_DEPENDENT):
-        return CaptureError(
-            "{} branches on tensor values{}; a capture at fixed shapes cannot follow that{}".format(
-                name, location, code),
-            hint="compute both branches and pick with torch.where(cond, a, b), or use torch.cond; "
-                 "Python control flow on shapes and Python numbers is fine",
-        )
+        inner, _ = failure_frames(error)
+        hint = ("compute both branches and pick with torch.where(cond, a, b), or use torch.cond; Python control "
+                "flow on shapes and Python numbers is fine")
+        if inner is not None and inner.library is not None:
+            hint = ("the branch is in {}, not in your code: edgedyn captures the post-processing of torchvision's "
+                    "SSD and RetinaNet and of raw YOLO heads (--nms) at fixed shapes; for this model, export the "
+                    "part before its value-dependent post-processing and post-process its outputs in your own "
+                    "code".format(
+                        inner.library))
+        return CaptureError("{} branches on tensor values{}; a capture at fixed shapes cannot follow that{}".format(
+            name, location, code), hint=hint)
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return CaptureError(
         "torch.export could not capture {}{}: {}{}".format(name, location, first_line, code),
@@ -312,30 +328,11 @@ def _explain_export_failure(error: Exception, name: str) -> CaptureError:
 
 
 def _explain_eager_failure(error: Exception, name: str, labels: List[str]) -> CaptureError:
-    """The model raised when run eagerly on the example inputs: the user's line, not a torch traceback."""
-    where = _user_frame(error)
-    location = " at {}:{}".format(*where[:2]) if where else ""
-    code = "\n    {}".format(where[2]) if where and where[2] else ""
+    """The model raised when run eagerly on the example inputs: the model's line, not a torch traceback."""
+    location, code = describe(error)
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return CaptureError(
         "{} raised {}{} on the example inputs {}: {}{}".format(
             name, type(error).__name__, location, ",".join(labels) or "(none)", first_line[:300], code),
         hint="check the --input shapes and dtypes against what the model expects (its rank too), or fix the "
              "model; EDGEDYN_DEBUG=1 shows the full traceback")
-
-
-def _user_frame(error: BaseException) -> Optional[Tuple[str, int, str]]:
-    """The innermost traceback frame in the user's code (not torch, not edgedyn, not the standard library)."""
-    package_roots = (str(Path(torch.__file__).parent), str(Path(__file__).resolve().parents[1]),
-                     str(Path(inspect.__file__).parent))
-    found = None
-    seen = set()
-    current = error  # type: Optional[BaseException]
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        for frame in traceback.extract_tb(current.__traceback__):
-            path = str(Path(frame.filename).resolve())
-            if not path.startswith(package_roots) and "site-packages" not in path and not frame.filename.startswith("<"):
-                found = (frame.filename, frame.lineno or 0, (frame.line or "").strip())
-        current = current.__cause__ or current.__context__
-    return found

@@ -18,6 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edgedyn.runtime import profiling, sysinfo
+from edgedyn.runtime.profiling import detection_pipeline, profile_ops
+from edgedyn.runtime.detections import groups
 from edgedyn.runtime.errors import EdgedynError, GuardError
 
 Clock = Callable[[], float]
@@ -269,34 +271,10 @@ def run_benchmark(path: str, config: BenchConfig, on_progress: Optional[OnProgre
         runs = profiling.runs_to_profile(config.profile_runs, len(samples))
         report["ops"] = profile_ops(spec, values, runs, stats["median"], report["guard_overhead_us"] / 1000.0,
                                     call, clock)
+    if groups([record["name"] for record in spec.outputs]):
+        report_progress("timing NMS", 0, 0.0)
+        report["pipeline"] = detection_pipeline(spec, values, report, call, clock)
     return report
-
-
-def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float, guard_ms: float,
-                call: Optional[Callable[[], Any]] = None, clock: Clock = time.perf_counter) -> Dict[str, Any]:
-    """The executor's per-operator times over `runs` calls, summed into benchmark_model's tables
-    (edgedyn/runtime/profiling.py says how the rows add up to a typical run); `call`, the timed call, runs between
-    blocks of profiled ones so both see the same machine."""
-    profile = getattr(spec.executor, "profile", None)
-    if profile is None:
-        raise EdgedynError("the {} executor has no per-operator profiler".format(spec.artifact["executor"]),
-                           hint="run edgedyn bench without --profile")
-    interleaved = []  # type: List[float]
-    block = min(profiling.INTERLEAVE_BLOCK, runs)
-    profiled = [0]
-
-    def timed_call() -> None:
-        profiled[0] += 1
-        if profiled[0] % block:
-            return
-        for _ in range(block):
-            before = clock()
-            call()
-            interleaved.append((clock() - before) * 1000.0)
-
-    arrays = [np.asarray(values[name], order="C") for name in spec.inputs]
-    raw = profile(arrays, runs, timed_call) if call is not None else profile(arrays, runs)
-    return profiling.summarize(raw, median_ms, guard_ms, interleaved)
 
 
 def as_called(program: Any, values: Dict[str, Any]) -> Tuple[List[Any], Dict[str, Any]]:

@@ -12,9 +12,11 @@ of every op, plus the guards timed apart, plus what the run spent outside all of
 exactly those runs' mean wall time with the guards: the table accounts for a typical run and never scales anything to fit.
 """
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
+
+from edgedyn.runtime.errors import EdgedynError
 
 # Profiling repeats the timed runs' count, up to this: onnxruntime's profiler writes three JSON events per node
 # per run, and a small model times ~30,000 runs in the timing loop's one second.
@@ -139,3 +141,54 @@ def runs_to_profile(asked: int, timed: int) -> int:
     """As many profiled runs as timed ones unless asked for a number, at most MAX_RUNS."""
     return asked if asked > 0 else max(1, min(timed, MAX_RUNS))
 
+
+# The row types that are the NMS op in each executor's profile (edgedyn/runtime/detections.py's outputs come from it).
+NMS_TYPES = ("edgedyn.nms.default", "NonMaxSuppression", "edgedyn.nms")
+NMS_PROFILE_RUNS = 20
+
+
+def detection_pipeline(spec: Any, values: Dict[str, Any], report: Dict[str, Any], call: Callable[[], Any],
+                       clock: Callable[[], float]) -> Dict[str, Any]:
+    """How a detector's call divides: the NMS op (from the executor's profiler: its own `ops` when the bench
+    profiled, else NMS_PROFILE_RUNS profiled calls) and the rest of the graph. Pre-processing happens before the
+    bundle is called (`edgedyn bench --image` times it)."""
+    median = report["latency_ms"]["median"]
+    pipeline = {"model_and_nms_ms": median}  # type: Dict[str, Any]
+    if getattr(spec.executor, "profile", None) is None or spec.artifact["executor"] == "litert":
+        pipeline["nms_ms"] = None
+        pipeline["why"] = "the {} executor times no single operator".format(spec.artifact["executor"])
+        return pipeline
+    ops = report.get("ops") or profile_ops(spec, values, NMS_PROFILE_RUNS, median,
+                                           report["guard_overhead_us"] / 1000.0, call, clock)
+    nms = sum(row["ms"] for row in ops["by_type"] if row["type"] in NMS_TYPES)
+    pipeline.update(nms_ms=nms, nms_share=nms / ops["table_ms"] if ops["table_ms"] else None,
+                    nms_source="{} per-operator profile, {} typical runs".format(spec.artifact["executor"],
+                                                                              ops["typical_runs"]))
+    return pipeline
+
+
+def profile_ops(spec: Any, values: Dict[str, Any], runs: int, median_ms: float, guard_ms: float,
+                call: Optional[Callable[[], Any]] = None, clock: Callable[[], float] = time.perf_counter) -> Dict[str, Any]:
+    """The executor's per-operator times over `runs` calls, summed into benchmark_model's tables
+    (edgedyn/runtime/profiling.py says how the rows add up to a typical run); `call`, the timed call, runs between
+    blocks of profiled ones so both see the same machine."""
+    profile = getattr(spec.executor, "profile", None)
+    if profile is None:
+        raise EdgedynError("the {} executor has no per-operator profiler".format(spec.artifact["executor"]),
+                           hint="run edgedyn bench without --profile")
+    interleaved = []  # type: List[float]
+    block = min(INTERLEAVE_BLOCK, runs)
+    profiled = [0]
+
+    def timed_call() -> None:
+        profiled[0] += 1
+        if profiled[0] % block:
+            return
+        for _ in range(block):
+            before = clock()
+            call()
+            interleaved.append((clock() - before) * 1000.0)
+
+    arrays = [np.asarray(values[name], order="C") for name in spec.inputs]
+    raw = profile(arrays, runs, timed_call) if call is not None else profile(arrays, runs)
+    return summarize(raw, median_ms, guard_ms, interleaved)

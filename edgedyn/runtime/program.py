@@ -8,6 +8,7 @@ import numpy as np
 from edgedyn.runtime import guards as guard_checks
 from edgedyn.runtime import schema
 from edgedyn.runtime.buckets import BucketDispatch, Finish, arena_pools, load_order
+from edgedyn.runtime.detections import compare_outputs
 from edgedyn.runtime.devices import gpu_unusable_reason
 from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, GuardError, MissingDependencyError,
                                     PlatformError)
@@ -282,9 +283,11 @@ class Program:
             min_cosine = reduced_gate(spec.artifact)
             if min_cosine is not None:
                 extra["precision"] = spec.precision()[0]
-            for record, got, want in zip(spec.outputs, actual, expected):
-                result = compare(got, want, tolerance) if min_cosine is None else compare_cosine(got, want,
-                                                                                                 min_cosine)
+                compared = [compare_cosine(got, want, min_cosine) for got, want in zip(actual, expected)]
+            else:
+                compared = compare_outputs([r["name"] for r in spec.outputs], actual, expected, tolerance, compare,
+                                           spec.record.get("detections"))
+            for record, result in zip(spec.outputs, compared):
                 results.append(dict(result, specialization=label, output=record["name"],
                                     artifact=spec.artifact["backend"], **extra))
         return results

@@ -73,7 +73,11 @@ def test_verify_emulate_passes_for_the_board(exported, board):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] and report["arch"] == "aarch64", report
-    assert report["results"] and all(r["ok"] and r["max_rel"] < 1e-4 for r in report["results"]), report
+    # fp32 artifacts within the fp32 tolerance; a reduced-precision one (the default where the board's CPU has fp16
+    # arithmetic and it met the float gate at export) at its recorded cosine gate
+    assert report["results"] and all(r["ok"] and (r["max_rel"] < 1e-4 if r.get("cosine") is None else
+                                                   r["cosine"] >= r["min_cosine"] >= 0.999)
+                                     for r in report["results"]), report
     emulation = report["emulation"]
     assert (emulation["board"], emulation["qemu_cpu"]) == (board, load_board(board).qemu_cpu)
     assert (emulation["debian_suite"], emulation["python"]) == ("bookworm", "3.11")

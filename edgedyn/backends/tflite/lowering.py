@@ -9,6 +9,7 @@ from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported, op_name, unsupported_error
 from edgedyn.backends.tflite.layout import Perm
 from edgedyn.backends.tflite.writer import ModelWriter, Quant
+from edgedyn.frontend.nms import NMS_OP
 
 # Ops with several outputs return tuples; fx reads them with operator.getitem.
 _GETITEM = "getitem"
@@ -243,6 +244,8 @@ _INTEGER_OPS = frozenset([
     # transformers' audio models turn the sample mask into a frame mask: lengths // stride, a one-hot where, a
     # reversed cumsum (passes/indexing.py rewrites its index_put into where)
     _aten.div.Tensor_mode, _aten.where.self, _aten.flip.default, _aten.lt.Tensor, _aten.gt.Tensor,
+    # detection post-processing (ops/detection.py): kept indices, their count, best-class labels
+    NMS_OP, _aten.max.dim, _aten.index_select.default, _aten.cat.default, _aten.topk.default,
 ])
 
 

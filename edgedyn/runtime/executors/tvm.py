@@ -27,6 +27,34 @@ def _import_tvm() -> Any:
     return tvm
 
 
+# The packed functions a TVM library calls for `edgedyn::nms` and top-k (edgedyn/backends/tvm_nms.py); registered
+# here, before a library is loaded, as the portable executor's numpy kernels, so both run one definition.
+NMS_FUNCTION = "edgedyn.nms"
+TOPK_FUNCTION = "edgedyn.topk"
+
+
+def register_kernels(tvm: Any) -> None:
+    """Registers edgedyn's own ops as TVM packed functions (idempotent)."""
+    from edgedyn.runtime.kernels.detection import nms
+    from edgedyn.runtime.kernels.select import topk
+
+    def run_nms(*arguments: Any) -> None:
+        boxes, scores = arguments[0].numpy(), arguments[1].numpy()
+        labels = arguments[2].numpy() if len(arguments) == 6 else None
+        iou, keep, count = arguments[-3].numpy(), arguments[-2], arguments[-1]
+        kept, found = nms(boxes, scores, labels, float(iou), int(keep.shape[0]))
+        keep.copyfrom(kept)
+        count.copyfrom(np.asarray(found, np.int64))
+
+    def run_topk(x: Any, k: Any, dim: Any, largest: Any, values: Any, indices: Any) -> None:
+        chosen, picked = topk(x.numpy(), int(k.numpy()), int(dim.numpy()), bool(largest.numpy()))
+        values.copyfrom(np.asarray(picked, order="C"))
+        indices.copyfrom(np.asarray(chosen, order="C"))
+
+    tvm.register_global_func(NMS_FUNCTION, run_nms, override=True)
+    tvm.register_global_func(TOPK_FUNCTION, run_topk, override=True)
+
+
 class TvmExecutor:
     """A Relax VM per calling thread over one shared library extracted from the bundle."""
 
@@ -47,6 +75,7 @@ class TvmExecutor:
                     "the installed TVM runtime has no CUDA support",
                     hint="install a TVM runtime built with CUDA for this board (see the README's Jetson notes)")
             self._device = tvm.cuda(0)
+        register_kernels(tvm)
         library = tvm.runtime.load_module(str(bundle.extract(files["library"])))
         weights = bundle.arrays(files["weights"])
         order = artifact["weight_order"]

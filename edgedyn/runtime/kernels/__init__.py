@@ -10,14 +10,14 @@ Standard library and numpy >= 1.19 only, Python 3.8 syntax: this file runs on th
 """
 from typing import Any, Callable, Dict, List, Sequence  # noqa: F401 (type comments)
 
-from edgedyn.runtime.kernels import conv, index, masks, pointwise, reduce, resize
+from edgedyn.runtime.kernels import conv, detection, index, masks, pointwise, reduce, resize, select
 from edgedyn.runtime.kernels.base import Run, Shapes, Unsupported  # noqa: F401 (Run: type comments)
 
 __all__ = ["KERNELS", "SCRATCH", "Unsupported", "scratch_shapes"]
 
 # Every kernel by ATen op name; each module registers the ops it implements.
 KERNELS = dict(pointwise.KERNELS, **reduce.KERNELS, **conv.KERNELS, **masks.KERNELS, **index.KERNELS,
-               **resize.KERNELS)  # type: Dict[str, Callable[..., Run]]
+               **resize.KERNELS, **select.KERNELS, **detection.KERNELS)  # type: Dict[str, Callable[..., Run]]
 SCRATCH = dict(pointwise.SCRATCH, **reduce.SCRATCH, **conv.SCRATCH, **resize.SCRATCH)  # type: Dict[str, Callable[[List[Any], List[Any], Dict[str, Any]], Shapes]]
 
 

@@ -66,8 +66,14 @@ def _any(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List
 
 
 def _full_like(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
-    out, value = outs[0], number(args[1], "full_like", "fill value")
-    return lambda: out.fill(value)  # every call: the arena under `out` holds other tensors in between
+    return _fill(outs[0], args[1])
+
+
+def _fill(out: np.ndarray, value: Any) -> Run:
+    """full / full_like: `out` filled with one number on every call (the arena under it holds other tensors in
+    between)."""
+    value = number(value, "full", "fill value")
+    return lambda: out.fill(value)
 
 
 KERNELS = {
@@ -83,4 +89,5 @@ KERNELS = {
     "aten.where.self": _where,
     "aten.any.dim": _any, "aten.any.dims": _any, "aten.any.default": _any,
     "aten.full_like.default": _full_like,
+    "aten.full.default": lambda outs, args, kwargs, scratch: _fill(outs[0], args[1]),
 }  # type: Dict[str, Callable[..., Run]]

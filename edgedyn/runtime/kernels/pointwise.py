@@ -218,6 +218,13 @@ def _copy(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: Lis
     return lambda: np.copyto(out, x, casting="unsafe")
 
 
+def _copy_from(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    """aten.copy(self, src): src's values in self's shape and dtype (what `self[...].copy_(src)` becomes once
+    functionalized; torchvision batches its detectors' images that way)."""
+    out, source = outs[0], args[1]
+    return lambda: np.copyto(out, source, casting="unsafe")
+
+
 def _cat(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
     out = outs[0]
     dim = int(args[1] if len(args) > 1 else kwargs.get("dim", 0)) % out.ndim
@@ -326,7 +333,7 @@ KERNELS = {
     "aten.linear.default": _linear,
     "aten.clone.default": _copy,
     "aten._to_copy.default": _copy,
-    "aten.copy.default": _copy,
+    "aten.copy.default": _copy_from,
     "aten.cat.default": _cat,
     "aten.constant_pad_nd.default": _constant_pad,
 }  # type: Dict[str, Callable[..., Run]]

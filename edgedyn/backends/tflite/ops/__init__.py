@@ -6,10 +6,10 @@ express.
 """
 from typing import Any, Callable, Dict
 
-from edgedyn.backends.tflite.ops import (activations, conv, elementwise, gather, integers, linear, logical, norm, pad, pooling,
-                                        resize, shapes, softmax)
+from edgedyn.backends.tflite.ops import (activations, conv, detection, elementwise, gather, integers, linear, logical,
+                                        norm, pad, pooling, resize, shapes, softmax)
 
 CONVERTERS = {}  # type: Dict[Any, Callable[..., Any]]
-for _module in (activations, conv, elementwise, gather, integers, linear, logical, norm, pad, pooling, resize,
+for _module in (activations, conv, detection, elementwise, gather, integers, linear, logical, norm, pad, pooling, resize,
                 shapes, softmax):
     CONVERTERS.update(_module.CONVERTERS)

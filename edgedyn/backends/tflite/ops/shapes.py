@@ -129,7 +129,7 @@ def cat(ctx: Lowering, node: Any, tensors: Sequence[Value], dim: int = 0, quant:
     parts = [t for t in tensors if t.shape[dim] != 0 or t.rank != len(shape)]
     perm = operand_layout(parts, len(shape))
     inputs = [ctx.tensor(t, perm) for t in parts]
-    dtype = np.int8 if quant is not None else np.float32
+    dtype = np.int8 if quant is not None else np.dtype(str(node.meta["val"].dtype).replace("torch.", ""))
     return ctx.emit("CONCATENATION", inputs, shape, perm, "ConcatenationOptions", dtype, quant, axis=perm.index(dim))
 
 
