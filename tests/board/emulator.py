@@ -4,12 +4,13 @@ The machinery is edgedyn.emulate (what `edgedyn verify --emulate` uses): `rootfs
 Debian tree and runs it under qemu-user, `wheels.py` installs a wheel of this checkout beside it. This module only
 names the images the tests run and installs this checkout on them. Timings under emulation mean nothing.
 """
+import contextlib
 import json
 import subprocess
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 from edgedyn.emulate.rootfs import (INSTALL_HINT, SUITES, BoardBuildError, BoardImage, Suite, default_cache_dir,
                                     ensure_rootfs, missing_tools, run_on_board)
@@ -84,3 +85,19 @@ def run_edgedyn(rootfs: Path, argv: Sequence[str], cpu: str = "cortex-a72",
     # Run from the install folder: `-m` and `-c` put the working directory first on sys.path, and from the
     # checkout that would import its source tree instead of the wheel.
     return run_on_board(rootfs, argv, cpu=cpu, env=environment, pythonpath=[site], cwd=site.parent)
+
+
+@contextlib.contextmanager
+def preference_decides() -> Iterator[None]:
+    """Exports inside choose another board's backend by the board file's preference, as where qemu is not installed.
+
+    Note: the default export for an Arm board counts every candidate's instructions on the emulated CPU: minutes per
+    candidate for a full-size model. tests/board/test_onboard.py checks that mode on a small model; tests of what
+    runs inside a board's bundle (a detector's NMS, a zoo model on the board's CPU) export this way."""
+    import edgedyn.onboard
+
+    import pytest
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(edgedyn.onboard, "unavailable", lambda board: "not measured in this test")
+        yield

@@ -37,14 +37,17 @@ class ChangedCNN(TinyCNN):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
-    """Exports a model through the CLI once per (model, board), with the default backend."""
+    """Exports a model through the CLI once per (model, board), with onnxruntime: what these tests check is the
+    emulation around a bundle, not the choice of backend (the default export for another board counts every
+    candidate on the emulated CPU; tests/board/test_onboard.py checks that and verifies its choice)."""
     folder = tmp_path_factory.mktemp("emulate")
     bundles = {}  # type: Dict[tuple, Path]
 
     def export(board: str, model: str = str(EXAMPLES / "tiny_cnn.py:TinyCNN")) -> Path:
         if (board, model) not in bundles:
             path = folder / "{}-{}.edgedyn".format(Path(model.split(":")[0]).stem, board)
-            result = edgedyn_cli("export", model, "--board", board, "-i", INPUT, "-o", str(path))
+            result = edgedyn_cli("export", model, "--board", board, "-i", INPUT, "--backend", "onnxruntime", "-o",
+                                 str(path))
             assert result.returncode == 0, result.stderr
             bundles[board, model] = path
         return bundles[board, model]
