@@ -12,6 +12,8 @@ with the runtimes of every candidate, serves them all.
 
 Without the emulation tools, `auto` falls back to the board file's preference and says so.
 """
+import concurrent.futures
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -93,22 +95,30 @@ class Measurement:
             self._emulated = prepare(bundle, say=self.say, extras=self.extras)
         return self._emulated
 
-    def run(self, label: str, artifact: Artifact, batches: List[List[np.ndarray]]) -> Tuple[List[List[np.ndarray]], str]:
-        """(the candidate's outputs on each batch, computed on the emulated board; the precision it computed in),
-        its instructions per call counted in the same process (`count` returns them once the outputs passed).
-
-        It runs as counts run: in the board's CPU view (the guest's /proc/cpuinfo names the board's CPU, as XNNPACK
-        reads it), one thread, a fixed environment (edgedyn/emulate/instructions.py count_command)."""
+    def stage(self, label: str, artifact: Artifact, batches: List[List[np.ndarray]]) -> Tuple[Path, Path, Path]:
+        """Writes the candidate's probe bundle and its inputs (and prepares the board image, the first time):
+        (bundle, inputs, outputs) for `run`. Called from one thread, in order."""
         folder = Path(self._workdir.name) / label.replace(":", "-")
         folder.mkdir()
         bundle = self.probe(artifact, folder)
         inputs, outputs = folder / "inputs.npz", folder / "outputs.npz"
         arrays = {"{}.{}".format(b, i): np.asarray(a) for b, batch in enumerate(batches) for i, a in enumerate(batch)}
         np.savez(str(inputs), batches=np.array(len(batches)), arity=np.array(len(batches[0])), **arrays)
+        self._board(bundle)
+        return bundle, inputs, outputs
+
+    def run(self, label: str, staged: Tuple[Path, Path, Path], batches: int) -> Tuple[List[List[np.ndarray]], str]:
+        """(the candidate's outputs on each of its `batches` batches, computed on the emulated board; the precision
+        it computed in), its instructions per call counted in the same process (`count` returns them once the
+        outputs passed). One qemu process per call: several may run at once, each on its own host thread.
+
+        It runs as counts run: in the board's CPU view (the guest's /proc/cpuinfo names the board's CPU, as XNNPACK
+        reads it), one thread, a fixed environment (edgedyn/emulate/instructions.py count_command)."""
         from edgedyn.emulate.instructions import LABEL, MARK_MAGIC, MARK_SYSCALL, count_command, plugin_library
         from edgedyn.emulate.rootfs import EmulationError
 
-        board = self._board(bundle)
+        bundle, inputs, outputs = staged
+        board = self._emulated
         try:
             counted = count_command(board, ["-c", _EVALUATE, str(bundle), str(inputs), str(outputs),
                                             str(COUNTED_CALLS), "{},{}".format(MARK_SYSCALL, MARK_MAGIC)])
@@ -122,13 +132,37 @@ class Measurement:
                                "plugin": plugin_library().describe()}
         with np.load(str(outputs), allow_pickle=False) as saved:
             count = len([k for k in saved.files if k.startswith("0.")])
-            got = [[saved["{}.{}".format(b, j)] for j in range(count)] for b in range(len(batches))]
+            got = [[saved["{}.{}".format(b, j)] for j in range(count)] for b in range(batches)]
             precision = str(saved["precision"])
         return got, precision
 
     def count(self, label: str) -> Dict[str, Any]:
         """Guest instructions per call of a candidate that `run` ran, one thread, under the board's CPU."""
         return self._counts[label]
+
+
+def _attempt_run(measurement: Measurement, label: str, files: Any, batches: int) -> Tuple[Any, Optional[str]]:
+    """(`measurement.run`'s result, None) or (None, why it failed, as `attempt` words it): from a worker thread."""
+    from edgedyn.turns import attempt
+
+    why = {}  # type: Dict[str, str]
+    return attempt(label, lambda: measurement.run(label, files, batches), why), why.get(label)
+
+
+def emulation_jobs(candidates: int) -> int:
+    """How many candidates run on the emulated board at once: EDGEDYN_EMULATE_JOBS, else one per CPU core this
+    process may use, at most one per 2 GB of available memory (a full-size model's qemu process holds ~1 GB)."""
+    asked = os.environ.get("EDGEDYN_EMULATE_JOBS", "")
+    if asked.isdigit() and int(asked) > 0:
+        return max(1, min(int(asked), candidates))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            available_kb = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+        cores = min(cores, max(1, available_kb // (2 * 1024 * 1024)))
+    except (OSError, StopIteration, ValueError):
+        pass
+    return max(1, min(cores, candidates))
 
 
 def replay(outputs: List[List[np.ndarray]]) -> Callable[[Any], List[np.ndarray]]:
@@ -154,6 +188,9 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
     rejected = {}  # type: Dict[str, str]
     missed = []  # type: List[str]
     try:
+        # Built and staged here, one after another; then run on the emulated board JOBS at a time (each a
+        # single-threaded qemu process, its count exact whatever runs beside it); judged in the listed order.
+        staged = []  # type: List[Tuple[Any, Artifact, Any, Any, int]]
         for candidate in listed:
             label = candidate.label
             step("building {} with {} for {}".format(spec.name, candidate.words, board.name))
@@ -162,20 +199,31 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
                 step("{}: skipped ({})".format(label, rejected[label]))
                 continue
             batches, judge = _evaluation(candidate, artifact, spec, quantization, accuracy)
-            step("running and counting {} on the emulated {} (qemu -cpu {})".format(label, board.name,
-                                                                                   board.qemu_cpu))
-            ran = attempt(label, lambda: measurement.run(label, artifact, batches), rejected)
-            if ran is None or attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected) is None:
-                if ran is not None and candidate.precision != "fp32" and "misses" in rejected.get(label, ""):
-                    missed.append(label)
+            files = attempt(label, lambda: measurement.stage(label, artifact, batches), rejected)
+            if files is None:
                 step("{}: rejected ({})".format(label, rejected[label]))
                 continue
-            count = attempt(label, lambda: measurement.count(label), rejected)
-            if count is None:
-                step("{}: not counted ({})".format(label, rejected[label]))
-                continue
-            step("{}: {:,.0f} instructions per call".format(label, count["per_call"]))
-            counts[label], chosen_artifacts[label] = count, (candidate, artifact)
+            staged.append((candidate, artifact, judge, files, len(batches)))
+        jobs = emulation_jobs(len(staged))
+        step("running and counting {} candidate(s) on the emulated {} (qemu -cpu {}), {} at a time".format(
+            len(staged), board.name, board.qemu_cpu, jobs))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(_attempt_run, measurement, candidate.label, files, n)
+                       for candidate, _, _, files, n in staged]
+            for (candidate, artifact, judge, _, _), future in zip(staged, futures):
+                label = candidate.label
+                ran, failure = future.result()
+                if failure is not None:
+                    rejected[label] = failure
+                elif attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected) is None:
+                    if candidate.precision != "fp32" and "misses" in rejected.get(label, ""):
+                        missed.append(label)
+                else:
+                    count = measurement.count(label)
+                    step("{}: {:,.0f} instructions per call".format(label, count["per_call"]))
+                    counts[label], chosen_artifacts[label] = count, (candidate, artifact)
+                    continue
+                step("{}: rejected ({})".format(label, rejected[label]))
     finally:
         measurement.close()
     if not counts:

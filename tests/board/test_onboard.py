@@ -1,6 +1,7 @@
 """`--backend auto` for another board (a Raspberry Pi 5 from this x86 host): every candidate, fp16 ones included, is
 run on the emulated board, judged against torch eager, counted there, and the one with the fewest guest
 instructions per call is kept (edgedyn/onboard.py)."""
+import re
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,9 @@ def test_every_candidate_is_counted_on_the_emulated_board_and_the_fewest_instruc
     assert selection["candidate"] == min(counts, key=counts.get)
     assert all(isinstance(n, int) and n > 10000 for n in counts.values())
     log = pi5_bundle.with_suffix(".log").read_text()
-    assert "running and counting openvino:fp16 on the emulated raspberry-pi-5 (qemu -cpu cortex-a76)" in log
+    assert re.search(r"running and counting \d+ candidate\(s\) on the emulated raspberry-pi-5 \(qemu -cpu "
+                     r"cortex-a76\), \d+ at a time", log), log
+    assert "openvino:fp16: {:,} instructions per call".format(counts["openvino:fp16"]) in log
 
 
 def test_the_fp16_candidate_really_computed_fp16_on_the_emulated_a76(pi5_bundle, tmp_path):
