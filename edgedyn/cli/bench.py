@@ -9,7 +9,7 @@ from typing_extensions import Annotated
 
 from edgedyn.cli.common import (STDOUT, AllBoardsOption, JsonOption, KeyOption, RemoteOption, emit_json, err,
                                 human_bytes, out, output_file, remote_reports)
-from edgedyn.cli.detections import pipeline_rows, time_preprocessing
+from edgedyn.cli.bench_pipeline import pipeline_rows, time_preprocessing
 from edgedyn.errors import EdgedynError
 
 TOP_OPS = 10  # rows of "Top by computation time", as benchmark_model prints
