@@ -94,6 +94,10 @@ def no_candidate(backend: str, board: Board, precision: str, here: bool) -> Edge
         return EdgedynError("backend {} does not compute {} on a {} CPU; backends that do: {}".format(
             backend, precision, board.arch, ", ".join(able)), hint="use --backend {} or --precision auto".format(
                 able[0]))
+    if not here and not is_native(precision, board.arch, board.cpu_features):
+        return EdgedynError("{}'s CPU has no {} arithmetic (it needs {}; its board file lists {})".format(
+            board.name, precision, missing_words(precision, board.arch), ", ".join(board.cpu_features) or "none"),
+            hint="use --precision auto (fp32 on this board)")
     if here:
         return EdgedynError("{} would not run natively here: this CPU lacks {}, and its accuracy is measured where "
                             "its arithmetic happens, never estimated".format(precision,

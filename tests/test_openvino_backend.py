@@ -148,11 +148,20 @@ def test_a_reduced_precision_that_misses_the_gate_is_dropped_with_its_numbers(tm
     assert not (tmp_path / "n.edgedyn").exists()
 
 
-def test_precisions_another_board_cannot_measure_here_are_refused_in_words(tmp_path):
+def test_precisions_another_board_cannot_measure_here_are_refused_in_words(tmp_path, monkeypatch):
+    import edgedyn.onboard
+
+    with pytest.raises(EdgedynError) as raised:  # the Pi 4's Cortex-A72 has no fp16 arithmetic
+        edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], board="raspberry-pi-4", backend="openvino",
+                       precision="fp16", output=tmp_path / "m.edgedyn")
+    assert raised.value.message.startswith("raspberry-pi-4's CPU has no fp16 arithmetic (it needs fphp+asimdhp")
+    # The Pi 5's has: its fp16 is measured on its emulated CPU, and refused where that cannot run
+    monkeypatch.setattr(edgedyn.onboard, "unavailable", lambda board: "missing qemu-aarch64 (as if not installed)")
     with pytest.raises(EdgedynError) as raised:
         edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], board="raspberry-pi-5", backend="openvino",
                        precision="fp16", output=tmp_path / "m.edgedyn")
     assert raised.value.message.startswith("fp16 for raspberry-pi-5 is measured on that board's CPU")
+    monkeypatch.undo()
     with pytest.raises(EdgedynError) as raised:
         edgedyn.export(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"], backend="tvm", precision="bf16",
                        output=tmp_path / "m.edgedyn")
