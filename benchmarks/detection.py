@@ -338,8 +338,9 @@ def add_ratios(variants: Dict[str, Dict[str, Any]]) -> None:
 def table(results: Dict[str, Any]) -> str:
     lines = ["| model | variant | pre ms | model ms | NMS/post ms | end-to-end ms | agreement with torch eager |",
              "|---|---|---:|---:|---:|---:|---|"]
-    for model, record in results["models"].items():
-        for name, entry in record["variants"].items():
+    # JSON keeps keys sorted: the table puts the larger input first and the variants in VARIANTS' order
+    for model, record in sorted(results["models"].items(), key=lambda item: -item[1]["size"]):
+        for name, entry in sorted(record["variants"].items(), key=lambda item: VARIANTS.index(item[0])):
             if "error" in entry and "end_to_end_ms" not in entry:
                 lines.append("| {} | {} | failed: {} |||||".format(model, name, entry["error"][:160]))
                 continue
