@@ -416,12 +416,14 @@ def worker(task_path: str) -> None:
     print("RESULT " + json.dumps(result))
 
 
-def run_worker(task: Dict[str, Any], workdir: Path) -> Dict[str, Any]:
+def run_worker(task: Dict[str, Any], workdir: Path, script: str = __file__, timeout: int = 600,
+               **env_vars: str) -> Dict[str, Any]:
+    """Runs `script --worker TASK.json` in a fresh process (detection.py's workers too) and reads its RESULT line."""
     path = workdir / "task.json"
     path.write_text(json.dumps(task))
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(path)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, PYTHONPATH=str(REPO), **env_vars)
+    done = subprocess.run([sys.executable, str(Path(script).resolve()), "--worker", str(path)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
     if line is None:
         return {"error": "worker exited {}: {}".format(done.returncode, done.stderr.strip().splitlines()[-1:])}

@@ -459,3 +459,52 @@ def test_speed_report_joins_a_stopped_run_and_its_rest_only_when_measured_alike(
         report.joined([first, dict(rest, cpu_features=["avx2", "avx512_vnni"])])
     with pytest.raises(ValueError, match="mlp timed in more than one file"):
         report.joined([first, dict(rest, models=first["models"])])
+
+
+# --- benchmarks/detection.py: how a variant's detections are held against torch eager's ---
+
+def _detection_module():
+    """benchmarks/detection.py, which imports speed.py beside it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import detection
+    finally:
+        sys.path.pop(0)
+    return detection
+
+
+def test_detection_agreement_matches_rows_and_shows_a_variant_that_detects_differently() -> None:
+    """ultralytics' NMS rows [n, 6], padded as a bundle returns them, matched against another variant's rows in
+    any order; a moved box or a lost row is a disagreement, not a match."""
+    detection = _detection_module()
+    rng = np.random.default_rng(3)
+    corners = rng.uniform(0, 200, (12, 2))
+    rows = np.concatenate([corners, corners + rng.uniform(20, 100, (12, 2)), rng.uniform(0.3, 0.9, (12, 1)),
+                           rng.integers(0, 80, (12, 1))], axis=1)
+    want = detection.padded(rows, 300)
+    assert want["boxes"].shape == (1, 300, 4) and int(want["count"][0]) == 12 and not want["scores"][0, 12:].any()
+    same = detection.agreement(detection.padded(rows[::-1], 300), want)  # another order: rows are matched
+    assert same["ok"] and same["rows_matched"] == 12 and same["count"] == same["reference_count"] == 12
+    moved = rows.copy()
+    moved[5, :4] += 10.0
+    assert not detection.agreement(detection.padded(moved, 300), want)["ok"]
+    lost = detection.agreement(detection.padded(rows[:11], 300), want)
+    assert not lost["ok"] and (lost["count"], lost["reference_count"]) == (11, 12)
+
+
+def test_detection_ratios_are_against_the_fastest_peer_per_column() -> None:
+    detection = _detection_module()
+    variants = {"torch-eager": {"pre_ms": 4.0, "model_ms": 40.0, "post_ms": 2.0, "end_to_end_ms": 46.0},
+                "ultralytics-onnx": {"pre_ms": 4.0, "model_ms": 20.0, "post_ms": 2.0, "end_to_end_ms": 26.0},
+                "ultralytics-ncnn": {"error": "no ncnn"},
+                "edgedyn": {"pre_ms": 2.0, "model_ms": 25.0, "post_ms": 0.5, "end_to_end_ms": 27.5}}
+    detection.add_ratios(variants)
+    assert variants["edgedyn"]["vs_best_peer"] == {"pre_ms": 2.0, "model_ms": 0.8, "post_ms": 4.0,
+                                                   "end_to_end_ms": 26.0 / 27.5}
+    assert variants["torch-eager"]["vs_best_peer"]["model_ms"] == 0.5 and "vs_best_peer" not in variants["ultralytics-ncnn"]
+    # NMS inside a call that no profiler splits (LiteRT): its post-processing is only scaling, no ratio to NMS
+    inside = {"torch-eager": {"pre_ms": 4.0, "model_ms": 40.0, "post_ms": 2.0, "end_to_end_ms": 46.0},
+              "edgedyn": {"pre_ms": 2.0, "model_ms": 25.0, "post_ms": 0.01, "end_to_end_ms": 27.0,
+                          "nms_in_model_column": True}}
+    detection.add_ratios(inside)
+    assert "post_ms" not in inside["edgedyn"]["vs_best_peer"] and inside["edgedyn"]["vs_best_peer"]["model_ms"] == 1.6

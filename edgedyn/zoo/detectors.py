@@ -110,14 +110,19 @@ def _yolo(config: str, task: str, size: int) -> Callable[[], Any]:
 
         torch.manual_seed(0)
         model = getattr(tasks, task)(config, verbose=False)
-        head = model.model[-1]
-        bins = head.reg_max
-        # class logits: mean -6.5, std 1.5 (about 1 in 200 anchor-class pairs above 0.25); box distributions
-        # (DFL bins) leaning to short distances, so boxes are a few strides across, not the whole image
-        heads = [(branch[-1], lambda c: (-5.0, 1.0)) for branch in head.cv3]
-        heads += [(branch[-1], lambda c, n=bins: (-0.35 * (c % n), 1.5)) for branch in head.cv2]
-        return _calibrate(model, _images(size, batch=8), heads, seed=1)
+        return _calibrate(model, _images(size, batch=8), yolo_heads(model), seed=1)
     return build
+
+
+def yolo_heads(model: Any) -> List[Tuple[Any, Targets]]:
+    """The final convolutions of an ultralytics head with their targets, for `spread_head_outputs`: class logits
+    of mean -5, std 1 (few anchor-class pairs above 0.25); box distributions (DFL bins) leaning to
+    short distances, so boxes are a few strides across, not the whole image."""
+    head = model.model[-1]
+    bins = head.reg_max
+    heads = [(branch[-1], lambda c: (-5.0, 1.0)) for branch in head.cv3]  # type: List[Tuple[Any, Targets]]
+    heads += [(branch[-1], lambda c, n=bins: (-0.35 * (c % n), 1.5)) for branch in head.cv2]
+    return heads
 
 
 def _ssdlite() -> Any:
