@@ -266,11 +266,17 @@ def test_the_real_gpu_check_builds_for_a_local_gpu_without_one():
 def test_inspect_says_what_the_gpu_code_needs_and_what_this_machine_would_run(export_example, run_cli):
     import json
 
-    # The Nano prefers onnxruntime on its CPU: a portable artifact that this x86 machine can run too.
+    from edgedyn.runtime.format import read_manifest
+
+    # The Nano's CPU artifact (the fewest instructions on its emulated CPU, or its preference, onnxruntime) is one
+    # of the CPU-independent ones (onnxruntime, TFLite, OpenVINO, NCNN): this x86 machine can run it too.
     bundle = export_example("tiny_cnn", board="jetson-nano", backend="auto")
+    (spec,) = read_manifest(bundle)["specializations"]
+    cpu = next(a["backend"] for a in spec["artifacts"] if a["device"] == "cpu")
+    assert cpu in ("onnxruntime", "tflite", "openvino", "ncnn"), cpu
     shown = run_cli("inspect", str(bundle))
     assert shown.returncode == 0, shown.stderr
     assert "gpu      sm_53: PTX (PTX ISA 8.5" in shown.stdout and "needs a CUDA 12.6+ driver" in shown.stdout
-    assert "here     would run onnxruntime-cpu; tvm-cuda (sm_53) not used: " in shown.stdout
+    assert "here     would run {}-cpu; tvm-cuda (sm_53) not used: ".format(cpu) in shown.stdout
     here = json.loads(run_cli("inspect", "--json", str(bundle)).stdout)["this_machine"]["x=1x3x64x64"]
-    assert here["would_run"] == "onnxruntime-cpu" and here["skipped"][0][0] == "tvm-cuda (sm_53)"
+    assert here["would_run"] == cpu + "-cpu" and here["skipped"][0][0] == "tvm-cuda (sm_53)"
