@@ -176,12 +176,16 @@ def test_keyword_only_arguments_are_passed_by_name():
     torch.testing.assert_close(spec.program.module()(x)[0], x * 0.5)
 
 
-def test_star_args_are_still_refused():
+def test_star_args_receive_nothing_and_an_example_for_them_is_refused():
+    # ultralytics' forward(self, x, *args, **kwargs): the named argument is captured and *args stays empty; a forward
+    # of only *args is refused (tests/test_detection.py)
     def variadic(x, *tensors):
-        return x
+        return x * 2 + len(tensors)
 
-    with pytest.raises(CaptureError, match=r"variadic takes \*tensors; edgedyn needs named arguments"):
-        edgedyn.capture(variadic, (torch.randn(2),))
+    captured = edgedyn.capture(variadic, (torch.randn(2),))
+    assert [entry["name"] for entry in captured.signature] == ["x"]
+    with pytest.raises(CaptureError, match=r"2 example inputs given, but variadic takes 1"):
+        edgedyn.capture(variadic, (torch.randn(2), torch.randn(2)))
 
 
 @pytest.mark.parametrize("tree, names", [

@@ -53,7 +53,7 @@ def test_bundle_holds_one_portable_onnx_file_with_its_weights(export_onnx):
                                        "session": {"graph_optimization": "all", "intra_op_threads": 0,
                                                    "allow_spinning": True, "execution_mode": "sequential"}}
     assert artifact["tolerance"]["rtol"] == 1e-4
-    assert artifact["selection"] == {"mode": "user", "requested": "onnxruntime"}
+    assert artifact["selection"] == {"mode": "user", "requested": "onnxruntime", "precision": "fp32"}
     assert list(artifact["files"]) == ["model"] and artifact["files"]["model"].endswith("/model.onnx")
     import onnx
 
