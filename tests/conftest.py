@@ -54,6 +54,7 @@ MODULE_EXTRAS = {
     "PIL": "images",
     "psutil": "fleet",
     "cloudpickle": "fleet",
+    "nncf": "nncf",
 }
 _running = None  # type: Optional[pytest.Item]
 

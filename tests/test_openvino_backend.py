@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 import edgedyn
@@ -221,3 +222,35 @@ def test_board_properties_reach_the_artifact_and_bad_ones_are_refused(tmp_path):
     from edgedyn.backends.openvino import board_properties
 
     assert board_properties(board) == {"ENABLE_CPU_PINNING": False}
+
+
+class _Wide(torch.nn.Module):
+    """Weights far larger than its activations (16 MB of fp32 weights, 4 KB of activations), as a language model's
+    or a classifier head's are: its int8 IR declares the weights again as f32 where they are dequantized."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = torch.nn.Linear(512, 4096), torch.nn.Linear(4096, 512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.mark.requires("nncf")
+def test_int8_through_nncf_loads_and_agrees_with_torch_on_fresh_inputs(tmp_path):
+    model = _Wide().eval()
+    path = edgedyn.export(model, inputs=["x=1x512"], backend="openvino", quantize="int8", calibration="random",
+                          output=tmp_path / "wide-int8.edgedyn")
+    program = rt.load(path)
+    spec = program.specializations[0]
+    assert (spec.artifact["backend"], spec.artifact["quantization"]["mode"]) == ("openvino", "int8")
+    assert "NNCF" in spec.artifact["quantization"]["scheme"]
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy().ravel()
+    got = np.asarray(program(x)).ravel()
+    cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+    assert cosine >= 0.99, cosine  # the --quantize default gate
+    assert all(r["ok"] for r in program.verify())
