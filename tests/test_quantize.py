@@ -239,7 +239,7 @@ def test_backends_without_int8_kernels_name_those_with(run_cli, backend):
                      "--calibration", "random", "--backend", backend)
     assert result.returncode != 0
     assert "not supported by backend '{}'".format(backend) in result.stderr
-    assert "--backend onnxruntime or --backend tflite" in result.stderr
+    assert "--backend onnxruntime or --backend openvino or --backend tflite" in result.stderr
 
 
 def test_cli_calibration_folder_auto_backend_and_inspect(run_cli, tmp_path):
