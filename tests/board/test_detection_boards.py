@@ -100,7 +100,9 @@ def _fresh(detectors: Any, folder: Path) -> Dict[str, Path]:
     return paths
 
 
-@pytest.mark.parametrize("name", MODELS)
+# SSDlite's x86-64 default export (auto over every backend here, ~1.5 min on 2 cores) is left to tests/test_detection.py,
+# which runs it on every backend that takes it; YOLO11n's stands for the x86 family.
+@pytest.mark.parametrize("name", ["yolo11n"])
 def test_x86_default_export_matches_torch_eager_here(detectors: Any, models: Dict[str, Any], export_for: Any,
                                                      name: str) -> None:
     import edgedyn.runtime as rt
