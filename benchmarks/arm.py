@@ -215,15 +215,30 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
     return record
 
 
+STRICT_COSINE = 0.999  # edgedyn's default float gate (edgedyn/quantize/precision.py)
+
+
+def _at_gate(peers: Dict[str, Any], min_cosine: float, count: Any) -> str:
+    """The fewest instructions of the peers at least `min_cosine` to torch, over `count`, as "1.02x (peer)"."""
+    fit = {name: e["per_call"] for name, e in peers.items() if "per_call" in e and e.get("cosine", 0) >= min_cosine}
+    if not fit or not count:
+        return "-"
+    best = min(fit, key=lambda name: fit[name])
+    return "{:.2f}x ({})".format(fit[best] / count, best)
+
+
 def table(results: Dict[str, Any]) -> str:
     """Per board and model: edgedyn's default (and every candidate it counted), each peer, in millions of
-    instructions per call, and the default's ratio to the fewest of the peers (> 1: edgedyn executes fewer)."""
+    instructions per call, and the default's ratio to the fewest of the peers (> 1: edgedyn executes fewer), and to
+    the fewest of the peers as accurate as edgedyn's gate demands (cosine to torch >= 0.999 for the default export,
+    the looser gate's cosine for the second one): a peer whose fp16 output drifted further is faster at a cost
+    edgedyn's gate refuses."""
     lines = []
     for board, models in results["boards"].items():
         lines += ["", "{} (qemu -cpu {}), millions of guest instructions per call, one thread:".format(
             board, results["cpus"][board]), "",
-                  "| model | edgedyn default | edgedyn candidates | " + " | ".join(PEERS) + " | default vs fewest peer |",
-                  "|---|---|---|" + "---:|" * len(PEERS) + "---:|"]
+                  "| model | edgedyn default | edgedyn candidates | " + " | ".join(PEERS) + " | default vs fewest peer | vs fewest peer at the gate |",
+                  "|---|---|---|" + "---:|" * len(PEERS) + "---:|---:|"]
         for name, record in models.items():
             counts = record["edgedyn"].get("instructions_per_call") or {}
             chosen = record["edgedyn"].get("chosen")
@@ -235,17 +250,20 @@ def table(results: Dict[str, Any]) -> str:
                              if "per_call" in entry else "failed" if "error" in entry else "-")
             peers = [e["per_call"] for e in record["peers"].values() if "per_call" in e]
             ratio = "{:.2f}x".format(min(peers) / default) if peers and default else "-"
+            at_gate = _at_gate(record["peers"], STRICT_COSINE, default)
             others = ", ".join("{} {:.1f}".format(label, n / 1e6) for label, n in sorted(counts.items(),
                                                                                        key=lambda kv: kv[1]))
-            lines.append("| {} | {} {} | {} | {} | {} |".format(
-                name, chosen, "{:.1f}".format(default / 1e6) if default else "-", others, " | ".join(cells), ratio))
+            lines.append("| {} | {} {} | {} | {} | {} | {} |".format(
+                name, chosen, "{:.1f}".format(default / 1e6) if default else "-", others, " | ".join(cells), ratio,
+                at_gate))
             loose = record.get("edgedyn_loose")
             if loose:
                 n = (loose.get("instructions_per_call") or {}).get(loose.get("chosen"))
-                lines.append("| {} at {} | {} {} ({}) | | | | | | | {} |".format(
+                gate = float(loose["gate"].split("=")[1])
+                lines.append("| {} at {} | {} {} ({}) | |{} {} | {} |".format(
                     name, loose["gate"], loose["chosen"], "{:.1f}".format(n / 1e6) if n else "-",
-                    ", ".join("{:.5f}".format(c) for c in loose.get("accuracy") or []) or "fp32",
-                    "{:.2f}x".format(min(peers) / n) if peers and n else "-"))
+                    ", ".join("{:.5f}".format(c) for c in loose.get("accuracy") or []) or "fp32", " |" * len(PEERS),
+                    "{:.2f}x".format(min(peers) / n) if peers and n else "-", _at_gate(record["peers"], gate, n)))
     return "\n".join(lines)
 
 
