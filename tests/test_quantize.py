@@ -1,5 +1,6 @@
 """int8 quantization: integer kernels really in the artifacts, accuracy against torch eager, the gate, the errors."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -554,8 +555,12 @@ def test_auto_keeps_an_int8_candidate_that_meets_the_gate_when_the_fastest_misse
     selection = artifact["selection"]
     int8_rejected = {k: v for k, v in selection["rejected"].items() if k.endswith(":int8")}
     assert int8_rejected
-    for reason in int8_rejected.values():
-        assert "misses the default accuracy gate" in reason and "held-out sample(s)" in reason
+    for label, reason in int8_rejected.items():
+        if label == "openvino:int8":  # NNCF: plain int8 below the target, and too many layers to rank for it
+            assert re.search(r"NNCF's plain int8 reaches cosine 0\.\d+ on the validation split, below the target "
+                             r"0\.99, and its accuracy control would rank \d+ quantized layers", reason), reason
+        else:
+            assert "misses the default accuracy gate" in reason and "held-out sample(s)" in reason
     assert "onnxruntime:int8" in selection["medians_ms"]  # it met the gate and was timed
     if "quantization" in artifact:
         assert artifact["quantization"]["accuracy"]["outputs"][0]["cosine"] >= 0.99
