@@ -11,6 +11,7 @@ trusts only that key: then every mutant that changes the manifest or a member mu
 tests/test_fuzz.py runs a bounded number of mutants.
 """
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -362,29 +363,37 @@ def _reset_peak() -> None:
 
 def run_one(path: str) -> Dict[str, Any]:
     """load + one call on reference-shaped random inputs + verify(); what happened and the peak RSS growth."""
-    import numpy as np
-
     import edgedyn.runtime as rt
 
     _reset_peak()
     before = _status("VmRSS")
     outcome = {"outcome": "ok"}  # type: Dict[str, Any]
+    printed = io.StringIO()  # the runtime must not print on the caller's stdout: what it prints is a finding
     try:
-        program = rt.load(path)
-        spec = program.specializations[0]
-        values = dict(spec.record["constants"])
-        rng = np.random.default_rng(0)
-        for record in spec.record["inputs"]:
-            values[record["name"]] = rng.standard_normal(record["shape"]).astype(record["dtype"])
-        program(**values)
-        program.verify()
+        with contextlib.redirect_stdout(printed):
+            _load_call_verify(rt, path)
     except rt.EdgedynError as error:
         outcome = {"outcome": "refused", "type": type(error).__name__, "length": len(str(error)),
                    "message": str(error)[:300]}
     except BaseException as error:  # the point of the harness: anything else is a finding
         outcome = {"outcome": "wrong-exception", "type": type(error).__name__, "message": str(error)[:300]}
     outcome["rss_growth"] = _status("VmHWM") - before
+    if printed.getvalue():
+        outcome["stdout"] = printed.getvalue()[:300]
     return outcome
+
+
+def _load_call_verify(rt: Any, path: str) -> None:
+    import numpy as np
+
+    program = rt.load(path)
+    spec = program.specializations[0]
+    values = dict(spec.record["constants"])
+    rng = np.random.default_rng(0)
+    for record in spec.record["inputs"]:
+        values[record["name"]] = rng.standard_normal(record["shape"]).astype(record["dtype"])
+    program(**values)
+    program.verify()
 
 
 def worker() -> None:
@@ -432,8 +441,15 @@ class Worker:
         ready = selector.select(self.timeout)
         selector.close()
         line = self.process.stdout.readline() if ready else ""
+        printed = ""
+        while line and not line.startswith("{"):  # native code wrote on the worker's stdout: a finding
+            printed += line
+            line = self.process.stdout.readline()
         if line:
-            return json.loads(line)
+            answer = json.loads(line)
+            if printed:
+                answer["stdout"] = (printed + answer.get("stdout", ""))[:300]
+            return answer
         if not ready:
             self.process.kill()
         code = self.process.wait()
@@ -516,8 +532,8 @@ def table(records: List[Dict[str, Any]]) -> str:
 
 
 def findings(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Mutants that break a rule: a wrong exception, a crash or hang outside native code (anywhere when signed), or
-    too much memory; signed, also any changed manifest or member not refused by its signature (before parsing)."""
+    """Mutants that break a rule: a wrong exception, a crash or hang outside native code (anywhere when signed), text
+    printed on stdout, or too much memory; signed, also any changed manifest or member not refused by its signature (before parsing)."""
     bad = []
     for record in records:
         signed = record.get("signed", False)
@@ -526,7 +542,7 @@ def findings(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             or record["family"] == "native"
         signature_ok = not (signed and tampered and record.get("type") != "SignatureError")
         if record["outcome"] == "wrong-exception" or (record["outcome"] in ("crash", "hang") and not native) \
-                or record["rss_growth"] > record["limit"] or not signature_ok:
+                or record["rss_growth"] > record["limit"] or not signature_ok or record.get("stdout"):
             bad.append(record)
     return bad
 

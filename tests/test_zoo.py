@@ -131,7 +131,8 @@ def test_build_is_the_same_in_a_fresh_process(tmp_path: Path) -> None:
 
     import torch
 
-    script = ("import torch, sys; from edgedyn import zoo; "
+    # The child runs one torch thread, the parent as many as it has: the build must not depend on the count.
+    script = ("import torch, sys; torch.set_num_threads(1); from edgedyn import zoo; "
               "torch.save(zoo.build('segformer').state_dict(), sys.argv[1])")
     path = tmp_path / "state.pt"
     subprocess.run([sys.executable, "-c", script, str(path)], check=True, cwd=str(Path(__file__).parents[1]))

@@ -56,8 +56,15 @@ def calibrate_batchnorm(model: Any, inputs: Dict[str, torch.Tensor]) -> None:
     model.eval()
     for norm in norms:
         norm.train()
-    with torch.no_grad():
-        model(**inputs)
+    # One thread: a reduction's order, hence its last bits, depends on torch's thread count, which differs between
+    # machines and changes within a process (some libraries set it). The zoo must be the same everywhere.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        torch.set_num_threads(threads)
     model.eval()
     for norm, momentum in zip(norms, momenta):
         norm.momentum = momentum

@@ -91,6 +91,13 @@ def _session_options(ort: Any, settings: Dict[str, Any], threads: Optional[int])
     return options
 
 
+def _session(ort: Any, model: bytes, options: Any, providers: List[str]) -> Any:
+    """An InferenceSession. For CPU-only sessions onnxruntime's retry "on the CPU" is off: it would build the same
+    session again, and it prints its banner on stdout, where `edgedyn run --json` and callers' pipes write."""
+    extra = {"enable_fallback": 0} if providers == [CPU] else {}  # older releases ignore the keyword
+    return ort.InferenceSession(model, options, providers=providers, **extra)
+
+
 class OnnxRuntimeExecutor:
     """One onnxruntime InferenceSession over the bundle's model file."""
 
@@ -103,7 +110,7 @@ class OnnxRuntimeExecutor:
         providers = usable_providers(self._requested, ort.get_available_providers())
         model = bundle.read(artifact["files"]["model"])
         self._model = model  # profile() needs a session of its own: profiling is fixed when a session is made
-        self._session = ort.InferenceSession(model, session_options, providers=providers)
+        self._session = _session(ort, model, session_options, providers)
         self._inputs = list(artifact["input_names"])
         self._outputs = list(artifact["output_names"])
         self._threads = threads
@@ -145,7 +152,7 @@ class OnnxRuntimeExecutor:
             options = _session_options(ort, self._settings, self._threads)
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(directory, "profile")
-            session = ort.InferenceSession(self._model, options, providers=self._session.get_providers())
+            session = _session(ort, self._model, options, self._session.get_providers())
             run = self._runner(session)  # as run() calls it
             feeds = dict(zip(self._inputs, inputs))
             for _ in range(WARMUP_RUNS):
