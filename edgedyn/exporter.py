@@ -18,6 +18,7 @@ from edgedyn.frontend.buckets import parse_pad
 from edgedyn.frontend.padding import prove_padding
 from edgedyn.passes import PIPELINES, run_pipeline
 from edgedyn.passes.graph import op_count
+from edgedyn.frontend.preprocess import parse_preprocess, preprocess_record
 from edgedyn.runtime.format import SUFFIX, host_arch, pack_arrays
 from edgedyn.runtime.program import DEVICES, unusable_reason
 from edgedyn.selection import choose
@@ -31,7 +32,7 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
            pipeline: str = "default", device: str = "auto", precision: str = "auto", verify: bool = True,
            progress: Optional[Progress] = None, quantize: Optional[str] = None, calibration: Any = None,
            eval_inputs: Any = None, max_accuracy_drop: Optional[str] = None, pad: Any = None,
-           pad_side: str = "right", nms: Any = None) -> Path:
+           pad_side: str = "right", nms: Any = None, preprocess: Any = None) -> Path:
     """Exports `model` for `board` into one bundle file and returns its path.
 
     `model`: an nn.Module (instance, class or zero-argument factory), a function, or "path.py:name".
@@ -55,6 +56,9 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     dimension; padding is proven exact against torch eager here, or refused (docs/buckets.md).
     `nms`: "iou=0.45,conf=0.25,max_det=300" (or an NmsOptions) appends NMS to a raw detection head such as
     YOLO's; the bundle then returns boxes, scores, labels and count (edgedyn/frontend/detection.py).
+    `preprocess`: "letterbox" or "stretch,normalize=imagenet" (edgedyn/frontend/preprocess.py): the bundle then also takes
+    uint8 camera frames of any size up to a bound, resizes and scales them itself, and returns detections in the
+    frame's pixels (edgedyn/runtime/frames.py).
     """
     from edgedyn.quantize import plan as quantize_plan
     from edgedyn.quantize.precision import check_precision, float_gate
@@ -71,8 +75,12 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     cpu_precision = "auto" if gpu_target is not None and precision == "fp16" else precision
     _check_precision_available(backend, target_board, cpu_precision, quantizing)
     step("capturing {}".format(model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)))
+    frames = parse_preprocess(preprocess)
     captured = capture(model, example_inputs, inputs=inputs, nms=nms)
     prove_padding(captured, parse_pad(pad, pad_side), step)
+    frames = None if frames is None else preprocess_record(frames, captured.signature, [
+        {name: (tuple(t.shape), str(t.numpy().dtype)) for name, t in zip(s.tensor_inputs, s.example_tensors)}
+        for s in captured.specializations])
     writer = BundleWriter()
     records = []
     for index, spec in enumerate(captured.specializations):
@@ -103,6 +111,8 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     manifest = dict(_manifest(captured, target_board, records, model, pipeline), fit=fit)
     if buckets:
         manifest["buckets"] = buckets
+    if frames is not None:
+        manifest["preprocess"] = frames
     _write_verified(writer, path, manifest, verify and runnable, step)
     return path
 

@@ -55,10 +55,10 @@ def print_table(console: Any, rows: List[Dict[str, Any]], names: Optional[List[s
         console.print("... and {} more (--json has all)".format(len(rows) - limit))
 
 
-def draw(image_path: Path, rows: Sequence[Dict[str, Any]], model_hw: Tuple[int, int], output: Path,
+def draw(image_path: Path, rows: Sequence[Dict[str, Any]], model_hw: Optional[Tuple[int, int]], output: Path,
          names: Optional[List[str]]) -> int:
-    """Draws the first image's boxes on `image_path`, scaled from the model's input size to the photo's, into
-    `output` (format from its suffix); returns how many boxes it drew."""
+    """Draws the first image's boxes on `image_path`, scaled from the model's input size to the photo's (None: the
+    boxes are in the photo's pixels already), into `output` (format from its suffix); returns how many it drew."""
     try:
         from PIL import Image, ImageDraw
     except ImportError:
@@ -66,7 +66,7 @@ def draw(image_path: Path, rows: Sequence[Dict[str, Any]], model_hw: Tuple[int, 
                            hint="pip install 'edgedyn[images]'")
     with Image.open(str(image_path)) as source:
         image = source.convert("RGB")
-    scale_x, scale_y = image.width / model_hw[1], image.height / model_hw[0]
+    scale_x, scale_y = (1.0, 1.0) if model_hw is None else (image.width / model_hw[1], image.height / model_hw[0])
     canvas = ImageDraw.Draw(image)
     width = max(1, round(min(image.size) / 200))
     drawn = 0

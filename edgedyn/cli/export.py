@@ -60,6 +60,11 @@ def export_command(
                                                "4 + classes, anchors]): iou=0.45,conf=0.25,max_det=300 (any "
                                                "subset; classes=N, agnostic). Outputs boxes, scores, labels, count; "
                                                "the thresholds are specialized and guarded.")] = None,
+    preprocess: Annotated[Optional[str], typer.Option(
+        "--preprocess", help="The bundle also takes camera frames (uint8 HxWx3, any size up to max=WxH) and resizes "
+                             "and scales them itself: letterbox or stretch, then any of normalize=unit|imagenet|none, "
+                             "order=rgb|bgr, pad=114, max=4096x4096, input=NAME. Detections come back in the "
+                             "frame's pixels.")] = None,
     sign: Annotated[Optional[Path], typer.Option("--sign", help="Sign the bundle with this Ed25519 private key "
                                                  "(`edgedyn keygen`); boards check it with --trusted-keys.")] = None,
 ) -> None:
@@ -78,7 +83,7 @@ def export_command(
                       pipeline=pipeline, device=device, precision=precision, verify=verify, progress=step,
                       quantize=quantize, calibration=calibration, eval_inputs=eval_inputs,
                       max_accuracy_drop=max_accuracy_drop, pad=pad, pad_side=pad_side,
-                      nms=nms)
+                      nms=nms, preprocess=preprocess)
     if sign is not None:
         from edgedyn.bundle import sign_bundle
 

@@ -48,6 +48,12 @@ def inspect_command(
     out.print("sha256     {}".format(opened.sha256))
     for group in manifest.get("buckets", []):
         _buckets(group)
+    if manifest.get("preprocess") is not None:
+        from edgedyn.runtime.frames import frames_of
+
+        frames = frames_of(manifest)
+        out.print("frames     {}: {}; detections come back in the frame's pixels".format(
+            frames.input, frames.describe()))  # type: ignore[union-attr]
     sizes = opened.member_sizes()
     for spec in manifest["specializations"]:
         out.print("")

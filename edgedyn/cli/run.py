@@ -32,7 +32,7 @@ def run_command(
         help="How an image becomes a tensor: imagenet (resize to the input's HxW, RGB, scale to 0-1, ImageNet mean "
              "and std, NCHW), unit (resize, RGB, scale to 0-1, NCHW: what YOLO and torchvision's detectors take), "
              "none (resize, RGB, the 0-255 pixel values as float32, NCHW) or auto (unit for a bundle that returns "
-             "detections, else imagenet).")] = "auto",
+             "detections, else imagenet; a bundle exported with --preprocess takes the image as it is).")] = "auto",
     print_top: Annotated[Optional[int], typer.Option(
         "--print-top", help="Print the K highest scores (class indices) of each output.")] = None,
     labels: Annotated[Optional[Path], typer.Option(help="A text file with one class name per line, for --print-top.")]
@@ -56,15 +56,18 @@ def run_command(
     from edgedyn.cli import detections
 
     program = rt.load(bundle, threads=threads, device=device)
+    if program.frames is not None and preprocess != "auto":
+        raise EdgedynError("--preprocess {}: {} pre-processes images itself ({})".format(
+            preprocess, bundle.name, program.frames.describe()), hint="leave --preprocess out")
     detector = any(groups([o["name"] for o in spec.outputs]) for spec in program.specializations)
     if draw is not None and not detector:
         raise EdgedynError("--draw: {} returns no detections (outputs boxes, scores, labels, count)".format(
             bundle.name), hint="export the detector with its NMS inside (--nms for a YOLO head)")
     values = read_inputs(program, input_, "unit" if preprocess == "auto" and detector else
                          "imagenet" if preprocess == "auto" else preprocess)
-    spec, bound = program.dispatch(**values)
+    spec, _ = program.dispatch(**values)
     err.print("using {}".format(spec.selection()))
-    flat = flatten_outputs(spec.output_tree, program(**bound))
+    flat = flatten_outputs(spec.output_tree, program(**values))
     named = {record["name"]: array for record, array in zip(spec.outputs, flat)}
     if output is not None:
         _write_npz(named, output)
@@ -80,7 +83,8 @@ def run_command(
     if draw is not None:
         image, name = _drawn_image(input_, spec)
         report["drawn"] = {"path": str(draw), "boxes": detections.draw(
-            image, rows or [], tuple(_image_shape(program, name)[2:]), draw, names)}
+            image, rows or [], None if program.frames is not None else tuple(_image_shape(program, name)[2:]), draw,
+            names)}
         err.print("wrote {} ({} boxes)".format(draw, report["drawn"]["boxes"]))
     if emit_json(report, json_path):
         return
@@ -147,6 +151,8 @@ def _read_one(program: Any, name: str, source: str, preprocess: str) -> Any:
     if suffix == ".npz":
         return _npz_member(path, name)
     if suffix in IMAGE_SUFFIXES:
+        if program.frames is not None and name == program.frames.input:
+            return read_frame(path)  # the bundle resizes and scales it (export --preprocess)
         return read_image(path, _image_shape(program, name), preprocess)
     raise EdgedynError("--input {}={}: cannot read {} files".format(name, source, suffix or "extension-less"),
                        hint="give an .npy, .npz, .png or .jpg file")
@@ -198,6 +204,16 @@ def _image_shape(program: Any, name: str) -> Tuple[int, int, int, int]:
                                        hint="pass an .npy of that shape instead")
                 return shape  # type: ignore[return-value]
     raise EdgedynError("--input {}: the model takes no tensor '{}'".format(name, name))
+
+
+def read_frame(path: Path) -> np.ndarray:
+    """An image file as it is: uint8 RGB, height x width x 3 (for a bundle that pre-processes frames itself)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise EdgedynError("reading {} needs Pillow, which is not installed".format(path.name), hint=IMAGES_HINT)
+    with Image.open(str(path)) as image:
+        return np.asarray(image.convert("RGB"), dtype=np.uint8)
 
 
 def read_image(path: Path, shape: Tuple[int, int, int, int], preprocess: str) -> np.ndarray:

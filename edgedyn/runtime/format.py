@@ -22,6 +22,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edgedyn.runtime import bucket_schema, schema, signing
+from edgedyn.runtime.frames import check_preprocess
 from edgedyn.runtime.errors import BundleError, ChecksumError
 
 FORMAT_NAME = "edgedyn-bundle"
@@ -356,6 +357,7 @@ def _parse_manifest(data: bytes, path: Path) -> Dict[str, Any]:
         )
     manifest = schema.check_manifest(manifest, path, MANIFEST_NAME)
     bucket_schema.check_buckets(schema.Checker(path, MANIFEST_NAME), manifest)
+    check_preprocess(schema.Checker(path, MANIFEST_NAME), manifest)
     return manifest
 
 

@@ -15,6 +15,7 @@ from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, G
 from edgedyn.runtime.executors import executor_class
 from edgedyn.runtime.fastpath import FastDispatch
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
+from edgedyn.runtime.frames import frames_of
 from edgedyn.runtime.outputs import build_outputs, flatten_outputs  # noqa: F401 (flatten_outputs: re-exported)
 from edgedyn.runtime.precision import FP32, REDUCED
 
@@ -118,6 +119,7 @@ class Program:
         self._fast = FastDispatch(self.signature, self.specializations)
         self.buckets = BucketDispatch(self.manifest.get("buckets", []), self.specializations,
                                       [param["name"] for param in self.signature])
+        self.frames = frames_of(self.manifest)  # `export --preprocess`: frames in, detections on the frame out
         self.init_ms = (time.perf_counter() - started) * 1000.0
 
     def _choose_artifact(self, spec: Specialization, device: str, threads: Optional[int], pool: Any) -> None:
@@ -190,7 +192,12 @@ class Program:
     def route_call(self, args: Sequence[Any], kwargs: Dict[str, Any]
                    ) -> Tuple[Specialization, List[np.ndarray], Optional[Finish]]:
         """route(), and how to cut the outputs back (None unless padded). Exact positional arrays take the fast rules
-        (fastpath.py), shapes padded before the buckets' (buckets.py); anything else is bound and guard-checked."""
+        (fastpath.py), shapes padded before the buckets' (buckets.py); anything else is bound and guard-checked.
+        A frame given to a bundle exported with --preprocess becomes the model's input first (frames.py)."""
+        if self.frames is not None:
+            args, kwargs, placement = self.frames.take(args, kwargs)
+            if placement is not None:
+                return self.frames.routed(self.route_call(args, kwargs), placement)
         fast = None if kwargs else self._fast.match(args)
         if fast is not None:
             return fast[0], fast[1], None
@@ -203,7 +210,10 @@ class Program:
         return spec, [np.asarray(values[name], order="C") for name in spec.inputs], None
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, Dict[str, Any]]:
-        """The specialization whose guards all hold (or the bucket a padded call runs in), and the bound values."""
+        """The specialization whose guards all hold (or the bucket a padded call runs in), and the bound values (a
+        frame among them made the model's input)."""
+        if self.frames is not None:
+            args, kwargs, _ = self.frames.take(args, kwargs)
         return self._dispatch(self.bind(args, kwargs))[:2]
 
     def _dispatch(self, values: Dict[str, Any]) -> Tuple[Specialization, Dict[str, Any], Optional[Any]]:

@@ -96,7 +96,9 @@ def test_the_same_command_counts_the_same_and_more_work_counts_more(pi_rootfs: P
     first, second = counts[11].instructions - counts[1].instructions, counts[21].instructions - counts[11].instructions
     # A 64x64 matmul is 262,144 multiply-adds: at most 4 per NEON instruction, plus numpy's own work per call.
     assert first > 10 * 262144 / 4
-    assert abs(second - first) <= 0.01 * first
+    # Linear within 5%: Python's and numpy's allocators grow their pools at points that depend on the run's
+    # environment (paths, variables), a fixed cost that falls in one ten-matmul step or the other (1.7% seen in CI).
+    assert abs(second - first) <= 0.05 * first
     assert counts[1].vcpus == 1  # one thread: OpenBLAS is told to start none
 
 
