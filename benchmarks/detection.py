@@ -14,10 +14,12 @@ own pre- and post-processing as its users run it:
 - `ultralytics-onnx`, `-openvino`, `-ncnn`: `YOLO("yolo11n.yaml").export(format=...)` of the same weights, run with
   the runtime's own Python API set as ultralytics' AutoBackend sets it (onnxruntime CPU session; OpenVINO
   `PERFORMANCE_HINT=LATENCY`; ncnn without Vulkan), with the predictor's torch pre- and post-processing above.
-- `edgedyn`: `edgedyn.export(..., board="x86-64", nms="iou=0.45,conf=0.25,max_det=300")` (backend auto), loaded
-  with `edgedyn.runtime.load`, pre-processed as `edgedyn run` does (`read_image`: PIL decode, resize, 0-1); its
-  NMS is inside the call, so its model and NMS columns split the call by the executor's per-operator profile
-  (the NMS op, as `edgedyn bench` reports it); post-processing is scaling the boxes back to the frame.
+- `edgedyn`: `edgedyn.export(..., board="x86-64", nms="iou=0.45,conf=0.25,max_det=300",
+  preprocess="letterbox,order=bgr")` (backend auto), loaded with `edgedyn.runtime.load`: the bundle takes the
+  decoded frame (`cv2.imread`, as ultralytics decodes) and letterboxes and scales it itself (numpy,
+  edgedyn/runtime/frames.py: the pre-processing column is decode + that), its NMS is inside the call (the model and
+  NMS columns split the call by the executor's per-operator profile, as `edgedyn bench` reports it), and it maps
+  the boxes back to the frame (the post-processing column).
 
 Agreement: every variant's model + NMS runs on one shared input (the JPEG letterboxed as ultralytics does) and its
 valid rows are matched against torch eager's (`edgedyn.runtime.detections.compare_group`: same label, IoU >= 0.99,
@@ -37,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's edgedyn, not whichever one is installed
@@ -136,6 +138,7 @@ def prepare(variant: str, size: int, model: Any, weights: Path, workdir: Path) -
 
         nms = ",".join("{}={}".format(k, v) for k, v in sorted(NMS.items()))
         path = edgedyn.export(model, (torch.rand(1, 3, size, size),), board="x86-64", nms=nms,
+                              preprocess="letterbox,order=bgr",
                               output=str(workdir / "{}-{}.edgedyn".format(MODEL, size)))
         task["bundle"] = str(path)
         artifact = read_manifest(path)["specializations"][0]["artifacts"][-1]
@@ -240,20 +243,27 @@ def ultralytics_pipeline(task: Dict[str, Any], threads: int) -> Pipeline:
 
 
 def edgedyn_pipeline(task: Dict[str, Any], threads: int) -> Pipeline:
-    import numpy as np
+    import cv2
 
     import edgedyn.runtime as rt
-    from edgedyn.cli.run import read_image
     from edgedyn.runtime.profiling import NMS_TYPES, profile_ops
 
-    size = task["size"]
     # Every core is the runtime's default: load as a user would, so the thread count `auto` recorded runs.
     program = rt.load(task["bundle"], threads=None if threads == os.cpu_count() else threads)
-    scale = np.array([FRAME[0] / size, FRAME[1] / size] * 2, np.float32)
+    frames = program.frames
+    names = [record["name"] for record in program.specializations[0].outputs]
+    placed = []  # the last frame's placement in the input, for post()
+
+    def pre() -> Any:
+        """Decoding, then the bundle's own letterbox (what program(frame) does before the model)."""
+        tensor, placement = frames.prepare(cv2.imread(task["image"]))
+        placed[:] = [placement]
+        return tensor
 
     def post(out: Dict[str, Any]) -> Any:
-        count = int(out["count"][0])
-        return out["boxes"][0, :count] * scale
+        """The bundle's own mapping back to the frame (what program(frame) does after the model)."""
+        restored = dict(zip(names, frames.restore(names, [out[name] for name in names], placed[0])))
+        return restored["boxes"][0, :int(restored["count"][0])]
 
     def nms_ms(x: Any) -> Optional[float]:
         """The NMS op's share of a call, from the executor's profile (as `edgedyn bench` reports it)."""
@@ -263,8 +273,7 @@ def edgedyn_pipeline(task: Dict[str, Any], threads: int) -> Pipeline:
         ops = profile_ops(spec, values, 20, 0.0, 0.0)
         return sum(row["ms"] for row in ops["by_type"] if row["type"] in NMS_TYPES)
 
-    return Pipeline(lambda: read_image(Path(task["image"]), (1, 3, size, size), "unit"), program, post,
-                    lambda x: dict(program(x)), nms_ms)
+    return Pipeline(pre, program, post, lambda x: dict(program(x)), nms_ms)
 
 
 def worker(task_path: str) -> None:
