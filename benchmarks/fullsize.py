@@ -9,33 +9,26 @@ transformers).
 Random weights, as a trained net would hold them: a freshly initialised CNN's batch norms hold mean 0 and variance 1
 whatever its activations are, so its outputs are dominated by biases and barely depend on its input (torchvision's
 MobileNetV2: logits of 1e-9 whose cosine between two inputs is 0.996). `realistic` gives every batch norm random
-affine parameters and then the running statistics of the activations it really sees on random inputs (train-mode
-passes, cumulative averages), as training leaves them: outputs of order 1 that move with the input (cosine between
-two inputs' logits 0.36-0.97), so accuracy numbers (cosine, top-1) mean something and fp16 does not overflow.
+affine parameters and then the running statistics of the activations it really sees on random inputs (the norms
+alone in train mode, cumulative averages), as training leaves them: outputs of order 1 that move with the input
+(cosine between two inputs' logits 0.36-0.97), so accuracy numbers (cosine, top-1) mean something and fp16 does not
+overflow.
 """
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple  # noqa: F401 (type comments)
 
 Built = Tuple[Any, tuple, str]
 
 
 def realistic(model: Any, size: int, seed: int = 0, batches: int = 4, batch: int = 8) -> Any:
     """`model` in eval mode with batch norms as described in the module docstring, measured on `batches` random
-    batches of `batch` images of `size` x `size`."""
+    batches of `batch` images of `size` x `size` (edgedyn.zoo.weights.measure_batchnorm, as the zoo's detectors)."""
     import torch
 
+    from edgedyn.zoo.weights import measure_batchnorm
+
     generator = torch.Generator().manual_seed(seed)
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    with torch.no_grad():
-        for norm in norms:
-            norm.reset_running_stats()
-            norm.momentum = None  # a cumulative average over the passes below
-            if norm.affine:
-                norm.weight.uniform_(0.5, 1.5, generator=generator)
-                norm.bias.normal_(0, 0.1, generator=generator)
-        model.train()
-        for _ in range(batches if norms else 0):
-            model(torch.randn(batch, 3, size, size, generator=generator))
-    return model.eval()
+    return measure_batchnorm(model, ((torch.randn(batch, 3, size, size, generator=generator),)
+                                     for _ in range(batches)), spread=generator)
 
 
 def _first(inner: Any, key: Any = 0) -> Any:

@@ -41,21 +41,10 @@ def _calibrate(model: Any, example: Callable[[Any], Any], heads: List[Tuple[Any,
     batch: on fresh images YOLO11n's class logits then spread 2-4x wider than measured."""
     import torch
 
+    from edgedyn.zoo.weights import measure_batchnorm
+
     generator = torch.Generator().manual_seed(seed)
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    with torch.no_grad():
-        for norm in norms:
-            norm.reset_running_stats()
-            norm.momentum = None  # a cumulative average over the passes below
-            if norm.affine:
-                norm.weight.uniform_(0.5, 1.5, generator=generator)
-                norm.bias.normal_(0, 0.1, generator=generator)
-        model.eval()
-        for norm in norms:
-            norm.train()  # only the norms: a detector in train mode wants targets
-        for _ in range(batches):
-            model(**example(generator))
-        model.eval()
+    measure_batchnorm(model, (example(generator) for _ in range(batches)), spread=generator)
     spread_head_outputs(model, example(generator), heads)
     return model.eval()
 

@@ -7,7 +7,7 @@ fix that while keeping activations of order one. Batch-norm statistics are then 
 (`calibrate_batchnorm`): statistics that do not match the activations let the signal fade through deep stacks
 without residuals (EfficientNet's output moved by 1e-6 between images with merely random statistics).
 """
-from typing import Any, Dict
+from typing import Any, Dict, Iterable, Optional
 
 import torch
 
@@ -43,28 +43,44 @@ def _spread_norm(module: Any, generator: torch.Generator) -> None:
 
 def calibrate_batchnorm(model: Any, inputs: Dict[str, torch.Tensor]) -> None:
     """Sets every batch norm's running statistics to those of `inputs` (a batch of random examples)."""
+    measure_batchnorm(model, [inputs])
+
+
+def measure_batchnorm(model: Any, batches: Iterable[Any], spread: Optional[torch.Generator] = None) -> Any:
+    """Every batch norm's running statistics measured on `batches` (dicts of keyword arguments or tuples of
+    positional ones; a cumulative average over them, as training leaves statistics), with the affine parameters
+    first drawn spread (scales in [0.5, 1.5], shifts N(0, 0.1)) from `spread` when given; the model in eval mode.
+
+    Only the batch norms train: dropout stays off, so the statistics (and the model) are the same in every process;
+    with the whole model in train mode, unseeded dropout masks made each build differ. One torch thread: a
+    reduction's order, hence its last bits, depends on the thread count, which differs between machines and changes
+    within a process (some libraries set it). The zoo must be the same everywhere."""
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
              and m.running_mean is not None]
     if not norms:
-        return
+        return model.eval()
     momenta = [norm.momentum for norm in norms]
-    for norm in norms:
-        norm.reset_running_stats()
-        norm.momentum = None  # a cumulative average: one batch sets the statistics exactly
-    # Only the batch norms train: dropout stays off, so the statistics (and the model) are the same in every
-    # process; with the whole model in train mode, unseeded dropout masks made each build differ.
-    model.eval()
-    for norm in norms:
-        norm.train()
-    # One thread: a reduction's order, hence its last bits, depends on torch's thread count, which differs between
-    # machines and changes within a process (some libraries set it). The zoo must be the same everywhere.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            model(**inputs)
+            for norm in norms:
+                norm.reset_running_stats()
+                norm.momentum = None  # a cumulative average over the batches
+                if spread is not None and norm.affine:
+                    norm.weight.uniform_(0.5, 1.5, generator=spread)
+                    norm.bias.normal_(0, 0.1, generator=spread)
+            model.eval()
+            for norm in norms:
+                norm.train()
+            for batch in batches:
+                if isinstance(batch, dict):
+                    model(**batch)
+                else:
+                    model(*batch)
     finally:
         torch.set_num_threads(threads)
-    model.eval()
-    for norm, momentum in zip(norms, momenta):
-        norm.momentum = momentum
+        model.eval()
+        for norm, momentum in zip(norms, momenta):
+            norm.momentum = momentum
+    return model
