@@ -236,6 +236,11 @@ def test_run_on_a_photo_gives_boxes_in_its_pixels_and_draws_them(yolo_frames: Di
     assert refused.returncode == 2 and "pre-processes images itself" in refused.stderr, refused.stderr
     shown = run_cli("inspect", str(yolo_frames["path"]))
     assert "letterboxed to 320x320" in shown.stdout and "up to 1280 wide and 720 high" in shown.stdout
+    timed = run_cli("bench", str(yolo_frames["path"]), "--image", str(photo), "--iterations", "3", "--warmup", "1",
+                    "--duration", "0", "--json", "-")
+    assert timed.returncode == 0, timed.stderr
+    pre = json.loads(timed.stdout)["pipeline"]["preprocess"]
+    assert pre["preprocess"] == "in the bundle" and pre["steps"] == "decode 500x300, the bundle's letterbox to 320x320"
 
 
 @pytest.mark.parametrize("option, message", [
