@@ -30,7 +30,6 @@ process, in rounds that rotate the order; a column's number is the median over r
 """
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import platform
@@ -44,14 +43,13 @@ from typing import Any, Callable, Dict, Iterator, Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's edgedyn, not whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from speed import cpu_features, cpu_model, run_worker  # noqa: E402
+from speed import print_run, results_path, run_header, run_worker  # noqa: E402
 
 # ultralytics must never try to pip-install a missing exporter dependency (no network here, and a benchmark must
 # not change its environment): YOLO_OFFLINE makes its online check false, YOLO_AUTOINSTALL=0 turns AutoUpdate off.
 os.environ.setdefault("YOLO_OFFLINE", "1")
 os.environ.setdefault("YOLO_AUTOINSTALL", "0")
 
-RESULTS = REPO / "benchmarks" / "results"
 MODEL = "yolo11n"
 NMS = {"conf": 0.25, "iou": 0.45, "max_det": 300}
 VARIANTS = ("torch-eager", "ultralytics-onnx", "ultralytics-openvino", "ultralytics-ncnn", "edgedyn")
@@ -485,13 +483,11 @@ def main() -> None:
         parser.error("unknown variant(s) {}; choose from: {}".format(", ".join(unknown), ", ".join(VARIANTS)))
     if REFERENCE not in args.variants:
         parser.error("the variants must include {} (the agreement reference)".format(REFERENCE))
-    results = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "cpu": cpu_model(), "cpu_features": cpu_features(), "cores": os.cpu_count(), "threads": args.threads,
-               "rounds": args.rounds, "iterations": args.iterations, "seconds_per_step": args.seconds,
-               "image": "{}x{} JPEG (test_image)".format(*FRAME), "nms": NMS, "versions": versions(),
-               "load_average_at_start": os.getloadavg(), "models": {}}  # type: Dict[str, Any]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "detection-{}.json".format(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    results = dict(run_header(args.threads, args.rounds),
+                   **{"iterations": args.iterations, "seconds_per_step": args.seconds,
+                      "image": "{}x{} JPEG (test_image)".format(*FRAME), "nms": NMS, "versions": versions(),
+                      "models": {}})  # type: Dict[str, Any]
+    out = results_path("detection")
     with tempfile.TemporaryDirectory(prefix="edgedyn-detection-") as folder:
         image = test_image(Path(folder) / "frame.jpg")
         for size in [int(s) for s in args.sizes.split(",") if s]:
@@ -500,10 +496,7 @@ def main() -> None:
             results["models"]["{}-{}".format(MODEL, size)] = bench_size(size, args, workdir, image)
             results["load_average"] = os.getloadavg()  # after each model: how busy the machine was while it ran
             out.write_text(json.dumps(results, indent=2, sort_keys=True))
-    print("{} [{}] ({} threads, median of {} rounds, each variant in its own process; load average {:.2f})".format(
-        results["cpu"], " ".join(results["cpu_features"]), args.threads, args.rounds, os.getloadavg()[0]))
-    print(table(results))
-    print("results: {}".format(out.relative_to(REPO)))
+    print_run(results, table(results), out)
 
 
 if __name__ == "__main__":

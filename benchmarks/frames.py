@@ -17,7 +17,6 @@ edgedyn-frames' input against ultralytics-cv2's, the largest difference in grey 
 point). JSON: benchmarks/results/frames-<date>.json, with the CPU model and flags.
 """
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -30,9 +29,8 @@ from typing import Any, Callable, Dict, List  # noqa: F401 (type comments)
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from speed import cpu_features, cpu_model  # noqa: E402
+from speed import results_path, run_header  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
 VARIANTS = ("edgedyn-frames", "ultralytics-cv2", "pil-stretch")
 FRAMES = ((480, 640), (720, 1280), (1080, 1920))  # height, width
 CALLS = 50
@@ -133,8 +131,10 @@ def main() -> None:
     medians = {v: {k: statistics.median(r[v][k] for r in rounds) for k in keys} for v in VARIANTS}
     with np.load(str(folder / "edgedyn-frames.npz")) as ours, np.load(str(folder / "ultralytics-cv2.npz")) as theirs:
         agreement = {k: float(np.abs(ours[k] - theirs[k]).max() * 255.0) for k in keys}
+    results = dict(run_header(1, args.rounds), size=args.size, rounds_ms=rounds, median_ms=medians,
+                   max_grey_levels=agreement)
     print("{} (flags {}), 1 thread, frames to 1x3x{s}x{s}, median ms over {} rounds".format(
-        cpu_model(), " ".join(cpu_features()), args.rounds, s=args.size))
+        results["cpu"], " ".join(results["cpu_features"]), args.rounds, s=args.size))
     print("| frame | " + " | ".join(VARIANTS) + " | edgedyn vs ultralytics-cv2, max grey levels |")
     print("|---" * (len(VARIANTS) + 2) + "|")
     for key in keys:
@@ -142,12 +142,9 @@ def main() -> None:
         cells = ["{:.2f}".format(base)] + ["{:.2f} ({:.2f}x)".format(medians[v][key], medians[v][key] / base)
                                            for v in VARIANTS[1:]]
         print("| {} | {} | {:.0f} |".format(key, " | ".join(cells), agreement[key]))
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "frames-{}.json".format(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    path.write_text(json.dumps({"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                                "cpu": cpu_model(), "flags": cpu_features(), "size": args.size,
-                                "rounds": rounds, "median_ms": medians, "max_grey_levels": agreement}, indent=1))
-    print("wrote {}".format(path))
+    path = results_path("frames")
+    path.write_text(json.dumps(results, indent=1))
+    print("results: {}".format(path.relative_to(REPO)))
 
 
 if __name__ == "__main__":

@@ -536,13 +536,11 @@ def main() -> None:
     import onnxruntime
     import torch
 
-    results = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "cpu": cpu_model(), "cpu_features": cpu_features(), "cores": os.cpu_count(), "threads": args.threads,
-               "rounds": args.rounds,
-               "seconds_per_worker": args.seconds, "edgedyn_backend": args.edgedyn_backend,
-               "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
-                            "python": platform.python_version()},
-               "models": {}}  # type: Dict[str, Any]
+    results = dict(run_header(args.threads, args.rounds),
+                   **{"seconds_per_worker": args.seconds, "edgedyn_backend": args.edgedyn_backend,
+                      "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+                                   "python": platform.python_version()},
+                      "models": {}})  # type: Dict[str, Any]
     from importlib.metadata import PackageNotFoundError, version
 
     for package in ("executorch", "openvino"):
@@ -550,16 +548,32 @@ def main() -> None:
             results["versions"][package] = version(package)
         except PackageNotFoundError:
             pass
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "speed-{}.json".format(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    out = results_path("speed")
     for name in [m for m in args.models.split(",") if m]:
         with tempfile.TemporaryDirectory(prefix="edgedyn-speed-") as workdir:
             results["models"][name] = bench_model(name, args, Path(workdir))
         results["load_average"] = os.getloadavg()  # after each model: how busy the machine was while it ran
         out.write_text(json.dumps(results, indent=2, sort_keys=True))  # after each model: a long run keeps its part
+    print_run(results, summary(results), out)
+
+
+def run_header(threads: int, rounds: int) -> Dict[str, Any]:
+    """What every timing benchmark's JSON starts with: when, on which CPU (model, flags, cores), how, how busy."""
+    return {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "cpu": cpu_model(), "cpu_features": cpu_features(), "cores": os.cpu_count(), "threads": threads,
+            "rounds": rounds, "load_average_at_start": os.getloadavg()}
+
+
+def results_path(kind: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    return RESULTS / "{}-{}.json".format(kind, datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+
+
+def print_run(results: Dict[str, Any], text: str, out: Path) -> None:
+    """The run's CPU line, its table, and where its JSON is."""
     print("{} [{}] ({} threads, median of {} rounds, each variant in its own process; load average {:.2f})".format(
-        results["cpu"], " ".join(results["cpu_features"]), args.threads, args.rounds, os.getloadavg()[0]))
-    print(summary(results))
+        results["cpu"], " ".join(results["cpu_features"]), results["threads"], results["rounds"], os.getloadavg()[0]))
+    print(text)
     print("results: {}".format(out.relative_to(REPO)))
 
 
