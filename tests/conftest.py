@@ -48,6 +48,7 @@ MODULE_EXTRAS = {
     "transformers": "zoo",
     "torchvision": "zoo",
     "ultralytics": "zoo",
+    "cv2": "zoo",  # opencv-python, which ultralytics brings
     "tornado": "fleet",
     "xgboost": "fleet",
     "cryptography": "sign",
