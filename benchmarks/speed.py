@@ -261,16 +261,20 @@ def prepare(variant: str, name: str, workdir: Path, args: argparse.Namespace) ->
 def _openvino(model: Any, inputs: tuple, path: str) -> str:
     """The model as an OpenVINO user converts it (`openvino.convert_model` from the torch module, as OpenVINO's
     PyTorch guide shows), saved as an IR; the ONNX route when that conversion fails."""
+    import copy
+
     import openvino
     import torch
 
     try:
         with torch.no_grad():
-            converted = openvino.convert_model(model, example_input=inputs)
+            # A copy: a failed conversion leaves what it traced on the module (ultralytics' Detect caches anchors
+            # and strides as it runs), and torch.export then refuses the module on the ONNX route.
+            converted = openvino.convert_model(copy.deepcopy(model), example_input=inputs)
     except Exception:  # the ONNX route a user falls back to
         onnx_path = path[:-len(".xml")] + ".onnx"
         with torch.no_grad():
-            torch.onnx.export(model, inputs, onnx_path, dynamo=True, verbose=False)
+            torch.onnx.export(copy.deepcopy(model), inputs, onnx_path, dynamo=True, verbose=False)
         converted = openvino.convert_model(onnx_path)
     openvino.save_model(converted, path)  # weights compressed to fp16, as the default save does
     return path
