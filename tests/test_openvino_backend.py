@@ -210,6 +210,30 @@ def test_the_ir_is_checked_before_openvino_reads_it(openvino_bundle, edit, words
     assert words in raised.value.message
 
 
+def test_only_layers_fed_by_nms_may_have_a_dynamic_dim():
+    """NonMaxSuppression returns as many rows as survive ([-1, 3]); the layers that pad those rows see -1 too. A -1
+    anywhere else is refused, and a dynamic port counts as the most rows NMS can return."""
+    def layer(key, kind, inputs, outputs):
+        ports = lambda dims_list, first: "".join(  # noqa: E731
+            '<port id="{}" precision="FP32">{}</port>'.format(first + i, "".join("<dim>{}</dim>".format(d) for d in dims))
+            for i, dims in enumerate(dims_list))
+        return '<layer id="{}" name="l{}" type="{}" version="opset1"><input>{}</input><output>{}</output></layer>'.format(
+            key, key, kind, ports(inputs, 0), ports(outputs, len(inputs)))
+
+    def net(after_nms_kind, source_of_dynamic):
+        layers = [layer(0, "Parameter", [], [[1, 2100, 4]]), layer(1, "Parameter", [], [[1, 80, 2100]]),
+                  layer(2, "NonMaxSuppression", [[1, 2100, 4], [1, 80, 2100]], [[-1, 3]]),
+                  layer(3, after_nms_kind, [[-1, 3]], [[300, 3]]), layer(4, "Result", [[300, 3]], [])]
+        edges = [(0, 0, 2, 0), (1, 0, 2, 1), (source_of_dynamic, 2, 3, 0), (3, 1, 4, 0)]
+        return ('<net name="n" version="11"><layers>{}</layers><edges>{}</edges></net>'.format(
+            "".join(layers), "".join('<edge from-layer="{}" from-port="{}" to-layer="{}" to-port="{}"/>'.format(*e)
+                                     for e in edges))).encode()
+
+    assert check_ir(net("Pad", 2), 0, 10 << 20, "m") >= 80 * 2100 * 3 * 4  # the -1 counted as 80 x 2100 rows
+    with pytest.raises(BundleError, match=r"layer l3 \(Pad\) port dim: -1 is negative"):
+        check_ir(net("Pad", 1), 0, 10 << 20, "m")  # fed by a static port: its -1 is not NMS's
+
+
 def test_board_properties_reach_the_artifact_and_bad_ones_are_refused(tmp_path):
     from edgedyn.boards import load_board
     from edgedyn.runtime.executors.openvino import properties

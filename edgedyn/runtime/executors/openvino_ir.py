@@ -6,6 +6,11 @@ tensor the CPU plugin allocates. A damaged or edited bundle could point outside 
 So the XML is parsed here first (no DOCTYPE, so no entity expansion), each Const's slice is checked against the
 weights' length and its own shape and element type, and the tensors the ports declare are summed against what the
 manifest says one call needs. Standard library and numpy only, Python 3.8 syntax.
+
+Shapes are static but for one thing: NonMaxSuppression returns as many rows as survive (`[-1, 3]`), and the few
+layers that pad its rows to the bundle's fixed `max_det` see that dynamic length. A dim of -1 is accepted only on
+NonMaxSuppression's outputs and on layers fed (through edges) by a port with a -1 dim; it counts as the most rows
+any NonMaxSuppression of the IR can return (batch x classes x boxes, from its static inputs).
 """
 import xml.etree.ElementTree as ElementTree
 from typing import Dict, List, Optional
@@ -41,6 +46,8 @@ def check_ir(xml: bytes, weights_bytes: int, declared: Optional[int], label: str
     layers = root.find("layers")
     if layers is None:
         raise _bad(label, "the model XML has no <layers>")
+    dynamic = _dynamic_layers(root, layers, label)
+    rows = _most_nms_rows(layers, label)
     declared_total = 0
     for index, layer in enumerate(layers):
         if index >= MAX_LAYERS:
@@ -48,10 +55,11 @@ def check_ir(xml: bytes, weights_bytes: int, declared: Optional[int], label: str
         where = "layer {} ({})".format(schema.short(layer.get("name"), 60), schema.short(layer.get("type"), 30))
         if layer.get("type") == "Const":
             _check_const(layer, weights_bytes, label, where)
+        allowed = rows if layer.get("id") in dynamic else None
         for port in layer.findall("input/port"):
-            _port_bytes(port, label, where)
+            _port_bytes(port, label, where, allowed)
         for port in layer.findall("output/port"):  # each tensor once: where it is made
-            declared_total += _port_bytes(port, label, where)
+            declared_total += _port_bytes(port, label, where, allowed)
     # Note: an int8 IR (NNCF's) keeps each weight as an i8 Const that Convert and Multiply layers turn back into f32
     # ports: up to 4 bytes declared per weight byte, twice, beside the i8 Const itself.
     limit = 4 * (declared if declared is not None else 16 * weights_bytes) + 12 * weights_bytes + (1 << 20)
@@ -82,8 +90,10 @@ def _check_const(layer: ElementTree.Element, weights_bytes: int, label: str, whe
             where, shape, element, expected, size))
 
 
-def _port_bytes(port: ElementTree.Element, label: str, where: str) -> int:
-    dims = [_integer(d.text, label, where + " port dim") for d in port.findall("dim")]
+def _port_bytes(port: ElementTree.Element, label: str, where: str, dynamic: Optional[int] = None) -> int:
+    """The bytes a port declares; a -1 dim (allowed where `dynamic` is given: see the module docstring) counts as
+    `dynamic` rows."""
+    dims = [_dim(d.text, label, where + " port dim", dynamic) for d in port.findall("dim")]
     if len(dims) > schema.MAX_RANK:
         raise _bad(label, "{}: a port of rank {}, above {}".format(where, len(dims), schema.MAX_RANK))
     element = port.get("precision", "FP32").lower()
@@ -94,6 +104,56 @@ def _port_bytes(port: ElementTree.Element, label: str, where: str) -> int:
     for dim in dims:
         total *= dim
     return total
+
+
+def _dim(text: Optional[str], label: str, where: str, dynamic: Optional[int]) -> int:
+    if dynamic is not None and (text or "").strip() == "-1":
+        return dynamic
+    return _integer(text, label, where)
+
+
+def _dynamic_layers(root: ElementTree.Element, layers: ElementTree.Element, label: str) -> set:
+    """Ids of the layers whose ports may have a -1 dim: every NonMaxSuppression, and every layer an edge feeds from
+    an output port with a -1 dim of such a layer (in topological order, as IRs list their layers)."""
+    by_id = {layer.get("id"): layer for layer in layers}
+    dynamic = {key for key, layer in by_id.items() if layer.get("type") == "NonMaxSuppression"}
+    if not dynamic:
+        return dynamic
+    edges = root.find("edges")
+    feeds = {}  # type: Dict[str, List[tuple]]
+    for edge in (edges if edges is not None else []):
+        feeds.setdefault(edge.get("to-layer") or "", []).append((edge.get("from-layer"), edge.get("from-port")))
+    for key, layer in by_id.items():  # IR layers come in topological order: one pass reaches every successor
+        for source, port_id in feeds.get(key, []):
+            if source in dynamic and _has_dynamic_dim(by_id.get(source), port_id):
+                dynamic.add(key)
+                break
+    return dynamic
+
+
+def _has_dynamic_dim(layer: Optional[ElementTree.Element], port_id: Optional[str]) -> bool:
+    if layer is None:
+        return False
+    for port in layer.findall("output/port"):
+        if port.get("id") == port_id:
+            return any((d.text or "").strip() == "-1" for d in port.findall("dim"))
+    return False
+
+
+def _most_nms_rows(layers: ElementTree.Element, label: str) -> int:
+    """The most rows any NonMaxSuppression of the IR returns: batch x classes x boxes of its static score input."""
+    most = 1
+    for layer in layers:
+        if layer.get("type") != "NonMaxSuppression":
+            continue
+        ports = layer.findall("input/port")
+        scores = [_integer(d.text, label, "NonMaxSuppression scores dim") for d in ports[1].findall("dim")] \
+            if len(ports) > 1 else []
+        if len(scores) != 3:
+            raise _bad(label, "layer {} (NonMaxSuppression): its scores are not [batch, classes, boxes]".format(
+                schema.short(layer.get("name"), 60)))
+        most = max(most, scores[0] * scores[1] * scores[2])
+    return most
 
 
 def _integer(text: Optional[str], label: str, where: str) -> int:
