@@ -142,7 +142,9 @@ def test_version_short_help_and_completion(run_cli):
     for args in (["-h"], ["run", "-h"], ["boards", "show", "-h"]):
         result = run_cli(*args)
         assert result.returncode == 0 and "Usage: edgedyn" in result.stdout, args
-    completion = run_cli("--show-completion", "bash")
+    # typer detects the shell from the process tree (shellingham), which has no shell under nohup or some CI
+    # runners; its test switch makes the option take the shell named here instead.
+    completion = run_cli("--show-completion", "bash", env={"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
     assert completion.returncode == 0 and "_edgedyn_completion" in completion.stdout
     assert "--install-completion" in run_cli("--help").stdout
 
