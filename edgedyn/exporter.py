@@ -16,9 +16,9 @@ from edgedyn.errors import EdgedynError
 from edgedyn.frontend import Captured, Specialization, capture
 from edgedyn.frontend.buckets import parse_pad
 from edgedyn.frontend.padding import prove_padding
+from edgedyn.frontend.preprocess import parse_preprocess, preprocess_record
 from edgedyn.passes import PIPELINES, run_pipeline
 from edgedyn.passes.graph import op_count
-from edgedyn.frontend.preprocess import parse_preprocess, preprocess_record
 from edgedyn.runtime.format import SUFFIX, host_arch, pack_arrays
 from edgedyn.runtime.program import DEVICES, unusable_reason
 from edgedyn.selection import choose
@@ -75,10 +75,10 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
     cpu_precision = "auto" if gpu_target is not None and precision == "fp16" else precision
     _check_precision_available(backend, target_board, cpu_precision, quantizing)
     step("capturing {}".format(model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)))
-    frames = parse_preprocess(preprocess)
+    frame_options = parse_preprocess(preprocess)  # checked before the capture's work
     captured = capture(model, example_inputs, inputs=inputs, nms=nms)
     prove_padding(captured, parse_pad(pad, pad_side), step)
-    frames = None if frames is None else preprocess_record(frames, captured.signature, [
+    frames = None if frame_options is None else preprocess_record(frame_options, captured.signature, [
         {name: (tuple(t.shape), str(t.numpy().dtype)) for name, t in zip(s.tensor_inputs, s.example_tensors)}
         for s in captured.specializations])
     writer = BundleWriter()

@@ -35,15 +35,15 @@ def pipeline_rows(pipeline: Optional[Dict[str, Any]]) -> List[Any]:
     return rows
 
 
-def _time_frames(frames: Any, image: Path, preprocess: str, name: str, read_frame: Any) -> Any:
+def _time_frames(frames: Any, image: Path, preprocess: str, name: str) -> Any:
     """time_preprocessing for a bundle exported with --preprocess: decoding, then the bundle's own resize and
     scaling (which its call does; timed here apart, as it is, so the model's column is the model's)."""
     import tempfile
     import time
 
-    if preprocess != "auto":
-        raise EdgedynError("--preprocess {}: {} pre-processes images itself ({})".format(
-            preprocess, name, frames.describe()), hint="leave --preprocess out")
+    from edgedyn.cli.run import read_frame, refuse_preprocess
+
+    refuse_preprocess(frames, preprocess, name)
     times = []
     for _ in range(PREPROCESS_RUNS):
         started = time.perf_counter()
@@ -64,7 +64,7 @@ def time_preprocessing(bundle: Path, image: Path, preprocess: str, specializatio
     import tempfile
     import time
 
-    from edgedyn.cli.run import PREPROCESS, read_frame, read_image
+    from edgedyn.cli.run import PREPROCESS, read_image
     from edgedyn.runtime.format import read_manifest
     from edgedyn.runtime.frames import frames_of
 
@@ -75,7 +75,7 @@ def time_preprocessing(bundle: Path, image: Path, preprocess: str, specializatio
     manifest = read_manifest(bundle)
     frames = frames_of(manifest)
     if frames is not None:
-        return _time_frames(frames, image, preprocess, bundle.name, read_frame)
+        return _time_frames(frames, image, preprocess, bundle.name)
     specs = manifest["specializations"]
     spec = next((s for s in specs if specialization in (None, s["name"])), specs[0])
     tensors = [record for record in spec["inputs"] if len(record["shape"]) == 4 and record["shape"][1] in (1, 3)]

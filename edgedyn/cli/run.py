@@ -56,9 +56,8 @@ def run_command(
     from edgedyn.cli import detections
 
     program = rt.load(bundle, threads=threads, device=device)
-    if program.frames is not None and preprocess != "auto":
-        raise EdgedynError("--preprocess {}: {} pre-processes images itself ({})".format(
-            preprocess, bundle.name, program.frames.describe()), hint="leave --preprocess out")
+    if program.frames is not None:
+        refuse_preprocess(program.frames, preprocess, bundle.name)
     detector = any(groups([o["name"] for o in spec.outputs]) for spec in program.specializations)
     if draw is not None and not detector:
         raise EdgedynError("--draw: {} returns no detections (outputs boxes, scores, labels, count)".format(
@@ -204,6 +203,13 @@ def _image_shape(program: Any, name: str) -> Tuple[int, int, int, int]:
                                        hint="pass an .npy of that shape instead")
                 return shape  # type: ignore[return-value]
     raise EdgedynError("--input {}: the model takes no tensor '{}'".format(name, name))
+
+
+def refuse_preprocess(frames: Any, preprocess: str, name: str) -> None:
+    """A bundle exported with --preprocess resizes and scales images itself: any --preprocess but auto is a mistake."""
+    if preprocess != "auto":
+        raise EdgedynError("--preprocess {}: {} pre-processes images itself ({})".format(
+            preprocess, name, frames.describe()), hint="leave --preprocess out")
 
 
 def read_frame(path: Path) -> np.ndarray:

@@ -46,7 +46,7 @@ def check_ir(xml: bytes, weights_bytes: int, declared: Optional[int], label: str
     layers = root.find("layers")
     if layers is None:
         raise _bad(label, "the model XML has no <layers>")
-    dynamic = _dynamic_layers(root, layers, label)
+    dynamic = _dynamic_layers(root, layers)
     rows = _most_nms_rows(layers, label)
     declared_total = 0
     for index, layer in enumerate(layers):
@@ -107,12 +107,16 @@ def _port_bytes(port: ElementTree.Element, label: str, where: str, dynamic: Opti
 
 
 def _dim(text: Optional[str], label: str, where: str, dynamic: Optional[int]) -> int:
-    if dynamic is not None and (text or "").strip() == "-1":
+    if dynamic is not None and _is_dynamic(text):
         return dynamic
     return _integer(text, label, where)
 
 
-def _dynamic_layers(root: ElementTree.Element, layers: ElementTree.Element, label: str) -> set:
+def _is_dynamic(text: Optional[str]) -> bool:
+    return (text or "").strip() == "-1"
+
+
+def _dynamic_layers(root: ElementTree.Element, layers: ElementTree.Element) -> set:
     """Ids of the layers whose ports may have a -1 dim: every NonMaxSuppression, and every layer an edge feeds from
     an output port with a -1 dim of such a layer (in topological order, as IRs list their layers)."""
     by_id = {layer.get("id"): layer for layer in layers}
@@ -136,7 +140,7 @@ def _has_dynamic_dim(layer: Optional[ElementTree.Element], port_id: Optional[str
         return False
     for port in layer.findall("output/port"):
         if port.get("id") == port_id:
-            return any((d.text or "").strip() == "-1" for d in port.findall("dim"))
+            return any(_is_dynamic(d.text) for d in port.findall("dim"))
     return False
 
 
