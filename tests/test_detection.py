@@ -16,7 +16,7 @@ import torch
 
 import edgedyn
 import edgedyn.runtime as rt
-from conftest import require_module
+from conftest import require, require_module
 from detection_reference import padded_detections as _detections
 from detection_reference import torchvision_result, ultralytics_result
 from edgedyn.errors import BackendError, CaptureError
@@ -172,6 +172,61 @@ def test_rows_a_decision_within_the_score_tolerance_explains_are_borderline_not_
     assert _compare(swap, want)["ok"]
     moved = _detections([[3, 0.9, 0, 0, 10, 10], [5, 0.5, 22, 20, 42, 40]], size=2)  # same score: not a swap
     assert not _compare(moved, want)["ok"]
+
+
+def _gate_misses(got: Any, want: Any, bound: str = "") -> Any:
+    """The float gate's record of one detection group (outputs in KEYS order, one sample) and what it misses."""
+    from edgedyn.quantize.accuracy import parse_gate
+    from edgedyn.quantize.precision import FLOAT_GATE, detection_metrics, misses_of
+
+    order = list(KEYS)
+    found = detection_metrics({key: i for i, key in enumerate(order)}, [[got[k] for k in order]],
+                              [[want[k] for k in order]])
+    records = [dict(found, name=key, group="boxes", compared="as detections", cosine=0.0) for key in order]
+    return found, misses_of(parse_gate(bound) or FLOAT_GATE, records)
+
+
+def test_the_float_gate_judges_detections_by_their_rows_not_by_the_cosine_of_padded_outputs() -> None:
+    """A reduced precision of a detector with NMS inside is gated by matched rows (same label, IoU >= 0.5): rows
+    in another order pass (the padded outputs' cosine would not), a box moved beyond IoU 0.5, a lost or an extra
+    row among few do not; `top1=` of --max-accuracy-drop sets the share; no detections at all measure nothing."""
+    rows = [[label % 3, 0.3 + 0.01 * label, 30 * label, 0, 30 * label + 20, 20] for label in range(20)]
+    want = _detections(rows, size=30)
+    found, misses = _gate_misses(_detections(rows[::-1], size=30), want)
+    assert found["rows_matched"] == 20 and found["row_agreement"] == 1.0 and not misses
+    shifted = [row[:2] + [row[2] + 3, row[3], row[4] + 3, row[5]] if i == 4 else row for i, row in enumerate(rows)]
+    found, misses = _gate_misses(_detections(shifted, size=30), want)  # 3 px on a 20 px box: IoU 0.74, the same one
+    assert found["rows_matched"] == 20 and abs(found["min_iou"] - 17 / 23) < 1e-6 and not misses
+    moved = [row[:2] + [row[2] + 12, row[3], row[4] + 12, row[5]] if i == 4 else row for i, row in enumerate(rows)]
+    found, misses = _gate_misses(_detections(moved, size=30), want)  # 12 px: IoU 0.25, another box
+    assert found["rows_matched"] == 19 and misses == [
+        "boxes: 19 of 20 expected detections matched (same label, IoU >= 0.5), 20 returned: 5.0% of rows differ, "
+        "more than 2%"]
+    assert not _gate_misses(_detections(moved, size=30), want, "top1=5%")[1]
+    extra = rows + [[1, 0.26, 0, 100, 10, 110]]
+    found, misses = _gate_misses(_detections(extra, size=30), want)
+    assert (found["rows_returned"], found["rows_matched"]) == (21, 20) and "4.8% of rows differ" in misses[0]
+    nothing = _detections([], size=30)
+    assert "torch returns no detections on the gate's inputs" in _gate_misses(nothing, nothing)[1][0]
+
+
+def test_yolo_in_bf16_is_refused_by_its_detections(yolo: Any, tmp_path: Path) -> None:
+    """bf16 rounds YOLO's pixel coordinates by 2-4 pixels inside NMS: its raw head passes cosine 0.999, its
+    detections do not. The export asked for bf16 fails with the rows; auto keeps fp32."""
+    from edgedyn.runtime import precision as precisions
+    from edgedyn.zoo import detectors
+
+    require(precisions.is_native("bf16", "x86_64", precisions.host_features()), "needs a CPU with AVX512_BF16 or AMX",
+            "run it on such a CPU (Zen 4, Cooper Lake, Sapphire Rapids or newer)")
+    require_module("openvino")
+    from edgedyn.errors import EdgedynError
+
+    with pytest.raises(EdgedynError) as raised:
+        edgedyn.export(yolo, detectors.example_inputs("yolo11n"), backend="openvino", precision="bf16",
+                       nms=detectors.get("yolo11n").nms, output=tmp_path / "m.edgedyn")
+    assert "openvino:bf16 in bf16 misses the float accuracy gate" in raised.value.message
+    assert "expected detections matched (same label, IoU >= 0.5)" in raised.value.message
+    assert not (tmp_path / "m.edgedyn").exists()
 
 
 def test_detection_groups_are_found_by_name() -> None:

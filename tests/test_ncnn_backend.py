@@ -5,6 +5,7 @@ import zipfile
 
 import numpy as np
 import pytest
+import torch
 
 import edgedyn
 import edgedyn.runtime as rt
@@ -192,3 +193,54 @@ def test_an_older_ncnn_than_the_exports_is_noted():
     assert _older_note("1.0.20260526", "1.0.20261020") == (
         "ncnn 1.0.20260526 here is older than the 1.0.20261020 this model was checked with at export: run `edgedyn "
         "verify` on this board, or pip install -U ncnn")
+
+
+class _SharedSiLU(torch.nn.Module):
+    """One SiLU module called at two places, as ultralytics' Conv.default_act is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.second = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.act = torch.nn.SiLU()
+
+    def forward(self, x):
+        y = self.act(self.first(x))
+        return y + self.act(self.second(y))
+
+
+def test_a_silu_pnnx_left_in_three_layers_becomes_one_swish(tmp_path):
+    torch.manual_seed(0)
+    model = _SharedSiLU().eval()
+    path = edgedyn.export(model, (torch.randn(1, 8, 16, 16),), backend="ncnn", output=tmp_path / "m.edgedyn")
+    (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
+    layers = artifact["ncnn"]["layers"]
+    assert layers.get("Swish") == 2 and "Sigmoid" not in layers and layers["BinaryOp"] == 1, layers
+    program = rt.load(path, threads=1)
+    x = np.random.default_rng(5).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(program(x), want, rtol=RTOL, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("rows, fused", [
+    (["Split s 1 2 a b c", "Sigmoid g 1 1 c d", "BinaryOp m 2 1 b d e 0=2"], True),
+    (["Split s 1 2 a b c", "Sigmoid g 1 1 b d", "BinaryOp m 2 1 d c e 0=2"], True),
+    # the sigmoid's result has a second reader: x * sigmoid(x) + sigmoid(x) keeps its three layers
+    (["Split s 1 2 a b c", "Sigmoid g 1 1 c d", "Split t 1 2 d f h", "BinaryOp m 2 1 b f e 0=2",
+      "BinaryOp n 2 1 e h i 0=0"], False),
+    # a product of two different tensors, or another operation, is not a SiLU
+    (["Split s 1 2 a b c", "Sigmoid g 1 1 c d", "BinaryOp m 2 1 b d e 0=0"], False),
+    (["Split s 1 2 a b c", "Sigmoid g 1 1 c d", "BinaryOp m 2 1 b d e 0=2 1=1 2=2.0"], False),
+])
+def test_swish_fusion_takes_only_x_times_sigmoid_x(rows, fused):
+    from edgedyn.backends.ncnn import fuse_swish
+
+    blobs = {token for row in rows for token in row.split()[4:] if "=" not in token}
+    param = "\n".join(["7767517", "{} {}".format(len(rows) + 1, len(blobs)), "Input in 0 1 a"] + rows + [""])
+    out = fuse_swish(param.encode("ascii")).decode("ascii").splitlines()
+    if not fused:
+        assert out == param.splitlines()
+        return
+    assert out[1] == "{} {}".format(len(rows) - 1, len(blobs) - 3)
+    assert out[2:] == ["Input in 0 1 a", "Swish g_swish 1 1 a e"]

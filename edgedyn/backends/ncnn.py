@@ -77,7 +77,7 @@ def lower(build: Build) -> Artifact:
     output_names = ["output_{}".format(i) for i in range(len(outputs))]
     onnx_model, _ = export_onnx(build.program, list(build.tensor_inputs), output_names)
     param, weights = _convert(pnnx, onnx_model.SerializeToString(), [shape for shape, _ in inputs])
-    param = _named(param, build, list(build.tensor_inputs), output_names)
+    param = fuse_swish(_named(param, build, list(build.tensor_inputs), output_names))
     try:
         layers = check_model(param, weights, "the ncnn model pnnx wrote",
                              {name: shape[1:] for name, (shape, _) in zip(build.tensor_inputs, inputs)})
@@ -174,6 +174,45 @@ def _named(param: bytes, build: Build, inputs: List[str], outputs: List[str]) ->
         links = 4 + int(row[2]) + int(row[3])
         renamed.append(" ".join(row[:4] + [names.get(token, token) for token in row[4:links]] + row[links:]))
     return "\n".join(lines[:2] + renamed + [""]).encode("ascii")
+
+
+def fuse_swish(param: bytes) -> bytes:
+    """The .param text with every x * sigmoid(x) that pnnx left in three layers (Split, Sigmoid, BinaryOp multiply)
+    as one Swish layer: one pass over the tensor instead of three. pnnx fuses SiLU when each call site has its own
+    module, and leaves the decomposed form where one SiLU module is called at several places (ultralytics' Conv
+    shares one `default_act` among all its layers: 11 of YOLO11n's 77). The rewrite needs the Split's two copies
+    and the sigmoid's result to have no other reader; anything else stays as it is."""
+    lines = param.decode("ascii").splitlines()
+    rows = [line.split() for line in lines[2:] if line.strip()]
+    readers = {}  # type: Dict[str, List[int]]
+    for index, row in enumerate(rows):
+        for blob in row[4:4 + int(row[2])]:
+            readers.setdefault(blob, []).append(index)
+    gone, replaced = set(), {}  # type: Any, Dict[int, List[str]]
+    for index, row in enumerate(rows):
+        if row[0] != "Split" or row[2:4] != ["1", "2"] or index in gone:
+            continue
+        source, copies = row[4], row[5:7]
+        users = [readers.get(blob, []) for blob in copies]
+        if any(len(u) != 1 for u in users):
+            continue
+        for at, by, straight in ((users[0][0], users[1][0], copies[1]), (users[1][0], users[0][0], copies[0])):
+            sigmoid, product = rows[at], rows[by]
+            if sigmoid[0] != "Sigmoid" or len(sigmoid) != 6 or product[0] != "BinaryOp" or product[2:4] != ["2", "1"]:
+                continue
+            if product[7:] != ["0=2"] or sorted(product[4:6]) != sorted([straight, sigmoid[5]]):
+                continue
+            if readers.get(sigmoid[5], []) != [by]:
+                continue
+            gone.update({index, at})
+            replaced[by] = ["Swish", sigmoid[1] + "_swish", "1", "1", source, product[6]]
+            break
+    if not replaced:
+        return param
+    kept = [replaced.get(i, row) for i, row in enumerate(rows) if i not in gone]
+    layers, blobs = (int(v) for v in lines[1].split())
+    header = "{} {}".format(layers - 2 * len(replaced), blobs - 3 * len(replaced))
+    return "\n".join([lines[0], header] + [" ".join(row) for row in kept] + [""]).encode("ascii")
 
 
 def _refuse_leftovers(types: List[str], program: Any) -> None:

@@ -45,7 +45,8 @@ def groups(names: Sequence[str]) -> List[Dict[str, int]]:
     return found
 
 
-def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+def box_iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """IoU of one (x1, y1, x2, y2) box with each row of `boxes`; identical boxes (zero-area ones too) give 1."""
     x1 = np.maximum(box[0], boxes[:, 0])
     y1 = np.maximum(box[1], boxes[:, 1])
     x2 = np.minimum(box[2], boxes[:, 2])
@@ -94,7 +95,7 @@ def match(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], score_toleran
         candidates = free & (labels[1] == labels[0][row]) & (np.abs(scores[1] - scores[0][row]) <= score_tolerance)
         if not candidates.any():
             continue
-        overlap = np.where(candidates, _iou(boxes[0][row], boxes[1]), -1.0)
+        overlap = np.where(candidates, box_iou(boxes[0][row], boxes[1]), -1.0)
         best = int(np.argmax(overlap))
         if overlap[best] >= MIN_IOU:
             result.pairs.append((row, best))
@@ -112,7 +113,7 @@ def match(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], score_toleran
             at_cut = full and scores[other].size > 0 and score <= float(scores[other].min()) + score_tolerance
             swapped = any(labels[other][o] == labels[side][row] and scores[other][o] != score and
                           abs(scores[other][o] - score) <= score_tolerance and
-                          _iou(boxes[side][row], boxes[other][o:o + 1])[0] > 0 for o in left[other])
+                          box_iou(boxes[side][row], boxes[other][o:o + 1])[0] > 0 for o in left[other])
             if at_threshold or at_cut or swapped:
                 result.borderline += 1
             else:
