@@ -149,7 +149,7 @@ class NcnnExecutor:
                 extractor.input(name, self._ncnn.Mat(array[index]).clone())
             for slot, (name, shape) in enumerate(zip(self._outputs, self._output_shapes)):
                 code, mat = extractor.extract(name)
-                value = np.array(mat)
+                value = np.asarray(mat)  # a view of ncnn's memory, copied once into the result below
                 if code != 0 or value.size != results[slot][index].size:
                     raise BundleError("ncnn computed output {} as {} values of shape {} (status {}); the model "
                                       "declares {}".format(name, value.size, value.shape, code, shape),
