@@ -208,6 +208,9 @@ def test_the_float_gate_judges_detections_by_their_rows_not_by_the_cosine_of_pad
     assert (found["rows_returned"], found["rows_matched"]) == (21, 20) and "4.8% of rows differ" in misses[0]
     nothing = _detections([], size=30)
     assert "torch returns no detections on the gate's inputs" in _gate_misses(nothing, nothing)[1][0]
+    broken = dict(want, count=np.asarray(np.nan))  # a broken candidate's count reads as no rows, not an exception
+    found, misses = _gate_misses(broken, want)
+    assert (found["rows_returned"], found["rows_matched"]) == (0, 0) and "100.0% of rows differ" in misses[0]
 
 
 def test_yolo_in_bf16_is_refused_by_its_detections(yolo: Any, tmp_path: Path) -> None:

@@ -123,7 +123,8 @@ def detection_metrics(group: Dict[str, int], got: Sequence[Sequence[np.ndarray]]
         counts = np.asarray(batch_want[group["count"]])
         for image in np.ndindex(*counts.shape):
             pick = lambda arrays, key: np.asarray(arrays[group[key]])[image]  # noqa: E731
-            rows = int(pick(batch_want, "count")), int(pick(batch_got, "count"))
+            rows = (_rows(pick(batch_want, "count"), len(pick(batch_want, "scores"))),
+                    _rows(pick(batch_got, "count"), len(pick(batch_got, "scores"))))
             scores = pick(batch_want, "scores")[:rows[0]].astype(np.float64), \
                 pick(batch_got, "scores")[:rows[1]].astype(np.float64)
             labels = pick(batch_want, "labels")[:rows[0]], pick(batch_got, "labels")[:rows[1]]
@@ -146,6 +147,12 @@ def detection_metrics(group: Dict[str, int], got: Sequence[Sequence[np.ndarray]]
     return {"rows_expected": expected, "rows_returned": returned, "rows_matched": matched,
             "row_agreement": matched / larger if larger else 1.0, "min_iou": worst_iou,
             "max_score_error": score_error}
+
+
+def _rows(count: Any, limit: int) -> int:
+    """A returned count as a number of rows (a broken candidate's NaN or out-of-range count reads as 0 or all)."""
+    value = float(count)
+    return int(min(max(value, 0.0), float(limit))) if np.isfinite(value) else 0
 
 
 def misses_of(gate: Gate, outputs: Sequence[Dict[str, Any]]) -> List[str]:
