@@ -190,7 +190,7 @@ def fuse_swish(param: bytes) -> bytes:
             readers.setdefault(blob, []).append(index)
     gone, replaced = set(), {}  # type: Any, Dict[int, List[str]]
     for index, row in enumerate(rows):
-        if row[0] != "Split" or row[2:4] != ["1", "2"] or index in gone:
+        if row[0] != "Split" or row[2:4] != ["1", "2"]:
             continue
         source, copies = row[4], row[5:7]
         users = [readers.get(blob, []) for blob in copies]

@@ -24,7 +24,7 @@ import numpy as np
 from edgedyn import calibration as calibration_data
 from edgedyn.errors import EdgedynError
 from edgedyn.quantize.accuracy import Gate, output_metrics, parse_gate
-from edgedyn.runtime.detections import box_iou
+from edgedyn.runtime.detections import KEYS, pair_rows, valid_rows
 from edgedyn.runtime.detections import groups as detection_groups
 from edgedyn.runtime.precision import FP32, PRECISIONS
 
@@ -32,7 +32,6 @@ AUTO = "auto"
 CHOICES = (AUTO,) + PRECISIONS
 EVAL_SAMPLES = 8
 FLOAT_GATE = Gate(min_cosine=0.999)
-FLOAT_GATE_WORDS = "cosine >= 0.999 on every output, 98% of detections matched"
 # A detection group (NMS inside the bundle: boxes, scores, labels, count) is gated by its rows, not by the cosine of
 # its padded outputs (which a changed order or one extra row moves arbitrarily): a returned row matches an expected
 # one of the same label at IoU >= DETECTION_IOU, and at most DETECTION_DROP of the rows may differ (`top1=` of
@@ -43,6 +42,7 @@ DETECTION_HINT = ("keep fp32 with --precision fp32 (auto does so by itself), or 
                   "with --max-accuracy-drop top1=5%")
 DETECTION_IOU = 0.5  # COCO's criterion for a detection of the same object
 DETECTION_DROP = 0.02
+FLOAT_GATE_WORDS = "cosine >= 0.999 on every output, {:.0%} of detections matched".format(1 - DETECTION_DROP)
 MISS_HINT = ("keep fp32 with --precision fp32 (auto does so by itself), or accept more with --max-accuracy-drop "
              "(e.g. cosine=0.99)")
 
@@ -125,23 +125,13 @@ def detection_metrics(group: Dict[str, int], got: Sequence[Sequence[np.ndarray]]
             pick = lambda arrays, key: np.asarray(arrays[group[key]])[image]  # noqa: E731
             rows = (_rows(pick(batch_want, "count"), len(pick(batch_want, "scores"))),
                     _rows(pick(batch_got, "count"), len(pick(batch_got, "scores"))))
-            scores = pick(batch_want, "scores")[:rows[0]].astype(np.float64), \
-                pick(batch_got, "scores")[:rows[1]].astype(np.float64)
-            labels = pick(batch_want, "labels")[:rows[0]], pick(batch_got, "labels")[:rows[1]]
-            boxes = pick(batch_want, "boxes")[:rows[0]].astype(np.float64), \
-                pick(batch_got, "boxes")[:rows[1]].astype(np.float64)
-            free = np.ones(rows[1], bool)
-            for row in np.argsort(-scores[0], kind="stable"):
-                candidates = free & (labels[1] == labels[0][row])
-                if not candidates.any():
-                    continue
-                overlap = np.where(candidates, box_iou(boxes[0][row], boxes[1]), -1.0)
-                best = int(np.argmax(overlap))
-                if overlap[best] >= DETECTION_IOU:
-                    free[best] = False
-                    matched += 1
-                    worst_iou = min(worst_iou, float(overlap[best]))
-                    score_error = max(score_error, abs(float(scores[1][best] - scores[0][row])))
+            wanted = valid_rows({key: pick(batch_want, key) for key in KEYS}, rows[0])
+            returned_rows = valid_rows({key: pick(batch_got, key) for key in KEYS}, rows[1])
+            for row, best, overlap in pair_rows(wanted, returned_rows, DETECTION_IOU,
+                                                order=np.argsort(-wanted["scores"], kind="stable")):
+                matched += 1
+                worst_iou = min(worst_iou, overlap)
+                score_error = max(score_error, abs(float(returned_rows["scores"][best] - wanted["scores"][row])))
             expected, returned = expected + rows[0], returned + rows[1]
     larger = max(expected, returned)
     return {"rows_expected": expected, "rows_returned": returned, "rows_matched": matched,

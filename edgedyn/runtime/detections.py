@@ -59,6 +59,34 @@ def box_iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return np.where(same, 1.0, iou)
 
 
+def valid_rows(result: Dict[str, np.ndarray], count: int) -> Dict[str, np.ndarray]:
+    """One image's first `count` rows: scores and boxes as float64, labels as they are."""
+    return {"scores": result["scores"][:count].astype(np.float64), "labels": result["labels"][:count],
+            "boxes": result["boxes"][:count].astype(np.float64)}
+
+
+def pair_rows(want: Dict[str, np.ndarray], got: Dict[str, np.ndarray], min_iou: float,
+              score_tolerance: Optional[float] = None, order: Optional[Sequence[int]] = None
+              ) -> List[Tuple[int, int, float]]:
+    """(want row, got row, IoU) of valid rows (`valid_rows`) paired greedily: each row of `want`, in `order` (as
+    listed by default), takes the free row of `got` with its label (and a score within `score_tolerance`, when
+    given) that overlaps it most, when that IoU is at least `min_iou`."""
+    free = np.ones(len(got["labels"]), bool)
+    pairs = []  # type: List[Tuple[int, int, float]]
+    for row in range(len(want["labels"])) if order is None else order:
+        candidates = free & (got["labels"] == want["labels"][row])
+        if score_tolerance is not None:
+            candidates &= np.abs(got["scores"] - want["scores"][row]) <= score_tolerance
+        if not candidates.any():
+            continue
+        overlap = np.where(candidates, box_iou(want["boxes"][row], got["boxes"]), -1.0)
+        best = int(np.argmax(overlap))
+        if overlap[best] >= min_iou:
+            pairs.append((int(row), best, float(overlap[best])))
+            free[best] = False
+    return pairs
+
+
 class Match:
     """One image's rows matched: `pairs` (want row, got row), the rows left over on each side that lie within the
     tolerance of a decision (`borderline`), the worst IoU of a pair, and `error` when the two disagree."""
@@ -87,20 +115,15 @@ def match(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray], score_toleran
     decided = decided or {}
     threshold, max_out = decided.get("score_threshold"), decided.get("max_out")
     counts = int(want["count"]), int(got["count"])
-    scores = want["scores"][:counts[0]].astype(np.float64), got["scores"][:counts[1]].astype(np.float64)
-    labels = want["labels"][:counts[0]], got["labels"][:counts[1]]
-    boxes = want["boxes"][:counts[0]].astype(np.float64), got["boxes"][:counts[1]].astype(np.float64)
+    rows = valid_rows(want, counts[0]), valid_rows(got, counts[1])
+    scores = rows[0]["scores"], rows[1]["scores"]
+    labels = rows[0]["labels"], rows[1]["labels"]
+    boxes = rows[0]["boxes"], rows[1]["boxes"]
     free = np.ones(counts[1], bool)
-    for row in range(counts[0]):
-        candidates = free & (labels[1] == labels[0][row]) & (np.abs(scores[1] - scores[0][row]) <= score_tolerance)
-        if not candidates.any():
-            continue
-        overlap = np.where(candidates, box_iou(boxes[0][row], boxes[1]), -1.0)
-        best = int(np.argmax(overlap))
-        if overlap[best] >= MIN_IOU:
-            result.pairs.append((row, best))
-            result.worst_iou = min(result.worst_iou, float(overlap[best]))
-            free[best] = False
+    for row, best, overlap in pair_rows(rows[0], rows[1], MIN_IOU, score_tolerance):
+        result.pairs.append((row, best))
+        result.worst_iou = min(result.worst_iou, overlap)
+        free[best] = False
     matched = {w for w, _ in result.pairs}
     left = ([r for r in range(counts[0]) if r not in matched], [int(r) for r in np.flatnonzero(free)])
     full = max_out is not None and counts[0] == counts[1] == int(max_out)
