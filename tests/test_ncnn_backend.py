@@ -134,11 +134,11 @@ TINY_SHAPES = {"x": (3, 64, 64)}
 
 
 @pytest.mark.parametrize("edit_param, edit_weights, words", [
-    (lambda p: p.replace(b"8 8", b"9 8", 1), None, "the header says 9 layers, the text has 8"),
+    (lambda p: p.replace(b"7 7", b"9 7", 1), None, "the header says 9 layers, the text has 7"),
     (lambda p: p.replace(b"Pooling", b"Python", 1), None, "layer 4: layer type 'Python' is not one edgedyn's ncnn "
                                                           "files use"),
     (lambda p: p + b"\xff", None, "the .param text holds bytes other than printable ASCII"),
-    (lambda p: p.replace(b" 6 output_0", b" 7 output_0", 1), None, "layer 7 (linear_5) reads blob 7 before any "
+    (lambda p: p.replace(b" 6 output_0", b" 7 output_0", 1), None, "layer 6 (linear_5) reads blob 7 before any "
                                                                    "layer makes it"),
     (lambda p: p.replace(b"0=10 ", b"0=10 9=\"abc\" ", 1), None, "value '\"abc\"' is not a number"),
     (lambda p: p.replace(b"0=10 ", b"0=10 30=4,1,1,1 ", 1), None, "parameter id 30 (ids are 0-31, each once; no "
@@ -156,13 +156,14 @@ TINY_SHAPES = {"x": (3, 64, 64)}
     (lambda p: p.replace(b"1=3 11=3 12=1 13=2 14=1 2=1 3=2 4=1 5=1 6=432", b"1=1 11=1 12=1 13=2 14=1 2=1 3=2 4=1 5=1 "
                                                                           b"6=432", 1), None,
      "432 weights; 16 outputs x 3 inputs / 1 groups x kernel [1, 1] take 48"),
-    (lambda p: p.replace(b"-23303=2,2,1", b"-23303=2,2,7", 1), None, "axis 7 of a 3-d blob"),
-    (lambda p: p.replace(b"Reshape reshape_6 1 1 5 6 0=32", b"Reshape reshape_6 1 1 5 6 0=33", 1), None,
-     "a reshape of 32 values to [33]"),
+    (lambda p: p.replace(b"Pooling mean_8 1 1 4 6 0=1 4=1", b"Reduction mean_8 1 1 4 6 0=3 1=0 -23303=2,2,7 4=0 5=1",
+                         1), None, "axis 7 of a 3-d blob"),
+    (lambda p: p.replace(b"Pooling mean_8 1 1 4 6 0=1 4=1", b"Reshape mean_8 1 1 4 6 0=33", 1), None,
+     "a reshape of 2048 values to [33]"),
 ])
 def test_the_model_file_is_checked_before_ncnn_parses_it(ncnn_bundle, edit_param, edit_weights, words):
     param, weights = _model_files(ncnn_bundle)
-    assert len(check_model(param, weights, "m", TINY_SHAPES)) == 8  # the real one passes
+    assert len(check_model(param, weights, "m", TINY_SHAPES)) == 7  # the real one passes
     with pytest.raises(BundleError) as raised:
         check_model(edit_param(param) if edit_param else param, edit_weights(weights) if edit_weights else weights,
                     "bundle m.edgedyn: model.param", TINY_SHAPES)
@@ -244,3 +245,98 @@ def test_swish_fusion_takes_only_x_times_sigmoid_x(rows, fused):
         return
     assert out[1] == "{} {}".format(len(rows) - 1, len(blobs) - 3)
     assert out[2:] == ["Input in 0 1 a", "Swish g_swish 1 1 a e"]
+
+
+class _SqueezeExcite(torch.nn.Module):
+    """A squeeze-excite block (a mean kept as (c, 1, 1), read by a 1x1 convolution) and a mean-pooled head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.reduce = torch.nn.Conv2d(16, 4, 1)
+        self.expand = torch.nn.Conv2d(4, 16, 1)
+        self.head = torch.nn.Linear(16, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        scale = torch.sigmoid(self.expand(torch.relu(self.reduce(y.mean((2, 3), keepdim=True)))))
+        return self.head((y * scale).mean((2, 3)))
+
+
+def test_a_mean_over_height_and_width_becomes_global_pooling_and_matches_torch(tmp_path):
+    torch.manual_seed(0)
+    model = _SqueezeExcite().eval()
+    path = edgedyn.export(model, (torch.randn(1, 3, 24, 24),), backend="ncnn", output=tmp_path / "m.edgedyn")
+    (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
+    layers = artifact["ncnn"]["layers"]
+    assert "Reduction" not in layers and layers["Pooling"] == 2, layers
+    program = rt.load(path, threads=1)
+    x = np.random.default_rng(9).standard_normal((1, 3, 24, 24)).astype(np.float32)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(program(x), want, rtol=RTOL, atol=1e-5 * float(np.abs(want).max()))
+
+
+MEAN = "Reduction r 1 1 a b 0=3 1=0 -23303=2,2,1 5=1"
+
+
+@pytest.mark.parametrize("rows, expected", [
+    ([MEAN + " 4=0"], ["Pooling r 1 1 a b 0=1 4=1"]),
+    # kept axes read only by a Reshape to (c): one Pooling in place of both
+    ([MEAN + " 4=1", "Reshape s 1 1 b c 0=8"], ["Pooling r 1 1 a c 0=1 4=1"]),
+    # kept axes read by something else: Pooling, then a Reshape back to (c, 1, 1)
+    ([MEAN + " 4=1", "Sigmoid g 1 1 b c"], ["Pooling r 1 1 a b_gap 0=1 4=1", "Reshape r_keepdims 1 1 b_gap b 0=1 1=1 "
+                                                                             "2=-1", "Sigmoid g 1 1 b c"]),
+    # not a mean over height and width: a max, one axis, the channels
+    (["Reduction r 1 1 a b 0=4 1=0 -23303=2,2,1 4=0 5=1"], None),
+    (["Reduction r 1 1 a b 0=3 1=0 -23303=1,2 4=0 5=1"], None),
+    (["Reduction r 1 1 a b 0=3 1=0 -23303=2,0,1 4=0 5=1"], None),
+])
+def test_global_pooling_fusion_takes_only_a_mean_over_height_and_width(rows, expected):
+    from edgedyn.backends.ncnn import fuse_global_pooling
+
+    blobs = {token for row in rows for token in row.split()[4:] if "=" not in token}
+    param = "\n".join(["7767517", "{} {}".format(len(rows) + 1, len(blobs)), "Input in 0 1 a"] + rows + [""])
+    out = fuse_global_pooling(param.encode("ascii"), {"a": (8, 5, 6)}).decode("ascii").splitlines()
+    if expected is None:
+        assert out == param.splitlines()
+        return
+    made = {token for row in expected for token in row.split()[4:] if "=" not in token} | {"a"}
+    assert out[1] == "{} {}".format(len(expected) + 1, len(made))
+    assert out[2:] == ["Input in 0 1 a"] + expected
+
+
+@pytest.mark.parametrize("first, copied", [
+    ("torch.nn.Conv2d(3, 4, 3)", False),
+    ("torch.nn.ReLU()", True),  # in place in ncnn: handed a copy
+])
+def test_the_callers_array_is_read_never_written_and_copied_only_for_an_in_place_layer(tmp_path, first, copied):
+    torch.manual_seed(1)
+    model = eval("torch.nn.Sequential({}, torch.nn.Conv2d({}, 4, 1))".format(first, 4 if "Conv" in first else 3))
+    model = model.eval()
+    path = edgedyn.export(model, (torch.randn(1, 3, 12, 12),), backend="ncnn", output=tmp_path / "m.edgedyn")
+    program = rt.load(path, threads=1)
+    assert program.specializations[0].executor._copy == [copied]
+    x = np.random.default_rng(3).standard_normal((1, 3, 12, 12)).astype(np.float32)
+    kept = x.copy()
+    with torch.no_grad():
+        want = model(torch.from_numpy(kept)).numpy()
+    for _ in range(2):
+        np.testing.assert_allclose(program(x), want, rtol=RTOL, atol=1e-5 * float(np.abs(want).max()))
+        np.testing.assert_array_equal(x, kept)
+
+
+def test_an_input_reaches_an_in_place_layer_through_split_and_is_copied():
+    from edgedyn.runtime.executors.ncnn import _read_in_place
+    from edgedyn.runtime.executors.ncnn_param import parse_param
+
+    def build(rows: list) -> list:
+        blobs = {token for row in rows for token in row.split()[4:] if "=" not in token} | {"x"}
+        text = ["7767517", "{} {}".format(len(rows) + 1, len(blobs)), "Input in 0 1 x"] + rows
+        return parse_param("\n".join(text).encode("ascii"), "m")
+
+    two_convs = ["Split s 1 2 x a b", "Convolution c 1 1 a c 0=1 1=1 6=3", "Convolution d 1 1 b d 0=1 1=1 6=3"]
+    assert not _read_in_place(build(two_convs), "x")
+    assert _read_in_place(build(two_convs[:2] + ["ReLU r 1 1 b d"]), "x")
+    assert _read_in_place(build(["Split s 1 2 x a b", "Split t 1 2 b e f", "Convolution c 1 1 a c 0=1 1=1 6=3",
+                                 "Convolution d 1 1 e d 0=1 1=1 6=3", "BinaryOp m 1 1 f g 0=2 1=1 2=2.0"]), "x")

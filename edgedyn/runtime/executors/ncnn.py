@@ -128,6 +128,7 @@ class NcnnExecutor:
             opt.num_threads = int(options_["threads"])
         self._threads = int(opt.num_threads)
         _load(self._net, param, weights, label)
+        self._copy = [_read_in_place(layers, name) for name in self._inputs]
         self._ncnn = ncnn
         self.artifact = artifact
 
@@ -143,10 +144,9 @@ class NcnnExecutor:
         results = [np.empty((self._batch,) + shape, np.float32) for shape in self._output_shapes]
         for index in range(self._batch):
             extractor = self._net.create_extractor()
-            for name, array in zip(self._inputs, items):
-                # A Mat over numpy's memory has no reference count, and ncnn's in-place layers (ReLU, BinaryOp)
-                # dereference it: a copy that ncnn owns.
-                extractor.input(name, self._ncnn.Mat(array[index]).clone())
+            for name, array, copy in zip(self._inputs, items, self._copy):
+                mat = self._ncnn.Mat(array[index])  # over the caller's memory, which ncnn only reads...
+                extractor.input(name, mat.clone() if copy else mat)  # ...unless an in-place layer reads it
             for slot, (name, shape) in enumerate(zip(self._outputs, self._output_shapes)):
                 code, mat = extractor.extract(name)
                 value = np.asarray(mat)  # a view of ncnn's memory, copied once into the result below
@@ -173,6 +173,33 @@ class NcnnExecutor:
         if self._version_note:
             described["version_note"] = self._version_note
         return described
+
+
+# Note: the layers that read a blob without writing to it or passing it on (each makes a new blob): an input read
+# only by these (directly or through Split) is handed to ncnn without a copy. See _read_in_place.
+READ_ONLY = frozenset(("Convolution", "ConvolutionDepthWise", "InnerProduct"))
+
+
+def _read_in_place(layers: List[Layer], name: str) -> bool:
+    """Whether ncnn could reach input `name` with an in-place layer, or a layer not known to leave it alone.
+
+    A Mat over numpy's memory has no reference count: in its default light mode ncnn dereferences the count of
+    every blob an in-place layer (ReLU, BinaryOp, ...) reads, to copy a shared one first, and crashes on this one;
+    and the layer would write into the caller's array. Split passes the same Mat on. When every layer reading the
+    input is in READ_ONLY the call hands ncnn the caller's memory (the first layer of a CNN is a Convolution: 4.9 MB
+    not copied per call for a 640x640 image); otherwise it gives ncnn a copy that ncnn owns."""
+    blobs, seen = [name], set()
+    while blobs:
+        blob = blobs.pop()
+        seen.add(blob)
+        for layer in layers:
+            if blob not in layer.bottoms:
+                continue
+            if layer.type == "Split":
+                blobs.extend(top for top in layer.tops if top not in seen)
+            elif layer.type not in READ_ONLY:
+                return True
+    return False
 
 
 def _older_note(here: str, checked: Any) -> Optional[str]:
