@@ -176,8 +176,8 @@ def test_rows_a_decision_within_the_score_tolerance_explains_are_borderline_not_
 
 def _gate_misses(got: Any, want: Any, bound: str = "") -> Any:
     """The float gate's record of one detection group (outputs in KEYS order, one sample) and what it misses."""
-    from edgedyn.quantize.accuracy import parse_gate
-    from edgedyn.quantize.precision import FLOAT_GATE, detection_metrics, misses_of
+    from edgedyn.quantize.accuracy import detection_metrics, misses_of, parse_gate
+    from edgedyn.quantize.precision import FLOAT_GATE
 
     order = list(KEYS)
     found = detection_metrics({key: i for i, key in enumerate(order)}, [[got[k] for k in order]],
@@ -211,6 +211,32 @@ def test_the_float_gate_judges_detections_by_their_rows_not_by_the_cosine_of_pad
     broken = dict(want, count=np.asarray(np.nan))  # a broken candidate's count reads as no rows, not an exception
     found, misses = _gate_misses(broken, want)
     assert (found["rows_returned"], found["rows_matched"]) == (0, 0) and "100.0% of rows differ" in misses[0]
+
+
+def test_the_int8_gate_judges_detections_by_their_rows_too() -> None:
+    """--quantize's gate (default cosine=0.99) compares a detection group by its rows as the float gate does: the
+    same rows in another order pass though their padded outputs' cosine is far below 0.99; a moved box fails, and
+    the error gives the rows."""
+    from edgedyn.errors import EdgedynError
+    from edgedyn.quantize.accuracy import check, compare_outputs
+
+    rows = [[label % 3, 0.3 + 0.01 * label, 30 * label, 0, 30 * label + 20, 20] for label in range(20)]
+    want = _detections(rows, size=30)
+    order = list(KEYS)
+
+    def outputs(got: Any) -> Any:
+        return compare_outputs(order, [[got[k][None] for k in order]], [[want[k][None] for k in order]])
+
+    reordered = outputs(_detections(rows[::-1], size=30))
+    assert reordered[0]["cosine"] < 0.99 and reordered[0]["rows_matched"] == 20
+    check(None, reordered, "m (onnxruntime)")  # passes
+    moved = [row[:2] + [row[2] + 12, row[3], row[4] + 12, row[5]] if i == 4 else row for i, row in enumerate(rows)]
+    with pytest.raises(EdgedynError) as raised:
+        check(None, outputs(_detections(moved, size=30)), "m (onnxruntime)")
+    assert raised.value.message.startswith(
+        "the quantized model misses the default accuracy gate of --quantize (cosine=0.99) on m (onnxruntime): boxes: "
+        "19 of 20 expected detections matched (same label, IoU >= 0.5), 20 returned: 5.0% of rows differ")
+    assert "boxes: 19 of 20 detections matched (same label, IoU >= 0.5; worst" in raised.value.message
 
 
 def test_yolo_in_bf16_is_refused_by_its_detections(yolo: Any, tmp_path: Path) -> None:

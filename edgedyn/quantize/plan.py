@@ -9,7 +9,7 @@ import numpy as np
 from edgedyn import calibration as calibration_data
 from edgedyn.errors import EdgedynError
 from edgedyn.quantize import Quantization, check_backend, check_mode
-from edgedyn.quantize.accuracy import DEFAULT_GATE, MIN_EVAL_SAMPLES, Gate, check, output_metrics, parse_gate
+from edgedyn.quantize.accuracy import DEFAULT_GATE, MIN_EVAL_SAMPLES, Gate, check, compare_outputs, parse_gate
 from edgedyn.runtime.program import EXPECTED_ROLE
 
 
@@ -138,11 +138,10 @@ class HeldOut:
         return self._want
 
     def measure(self, run: Callable[[List[np.ndarray]], List[np.ndarray]]) -> List[Dict[str, Any]]:
-        """Per output: the accuracy record (accuracy.output_metrics) of `run` against torch eager."""
+        """Per output: the accuracy record (accuracy.compare_outputs) of `run` against torch eager."""
         want = self._reference()
-        got = [[np.asarray(o) for o in run(batch)] for batch in self.batches]
-        return [dict(output_metrics([g[i] for g in got], [w[i] for w in want]), name=self._spec.output_names[i])
-                for i in range(len(want[0]))]
+        return compare_outputs(self._spec.output_names, [[np.asarray(o) for o in run(batch)]
+                                                         for batch in self.batches], want)
 
     def check(self, backend: str, run: Callable[[List[np.ndarray]], List[np.ndarray]]) -> List[Dict[str, Any]]:
         """The accuracy records of `run`; EdgedynError with the numbers when they miss the gate."""

@@ -17,31 +17,21 @@ but not bounded by default: on 9 samples one flipped row is 11%, and a random-we
 often near ties that any rounding flips (the example TinyCNN in bf16: cosine 0.99998, one row of 9 flipped).
 """
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
 from edgedyn import calibration as calibration_data
 from edgedyn.errors import EdgedynError
-from edgedyn.quantize.accuracy import Gate, output_metrics, parse_gate
-from edgedyn.runtime.detections import KEYS, pair_rows, valid_rows
-from edgedyn.runtime.detections import groups as detection_groups
+from edgedyn.quantize.accuracy import DETECTION_DROP, Gate, compare_outputs, detection_words, misses_of, parse_gate
 from edgedyn.runtime.precision import FP32, PRECISIONS
 
 AUTO = "auto"
 CHOICES = (AUTO,) + PRECISIONS
 EVAL_SAMPLES = 8
 FLOAT_GATE = Gate(min_cosine=0.999)
-# A detection group (NMS inside the bundle: boxes, scores, labels, count) is gated by its rows, not by the cosine of
-# its padded outputs (which a changed order or one extra row moves arbitrarily): a returned row matches an expected
-# one of the same label at IoU >= DETECTION_IOU, and at most DETECTION_DROP of the rows may differ (`top1=` of
-# --max-accuracy-drop replaces that share). bf16 rounds a 640-pixel box coordinate to 2-4 pixels: YOLO11n with NMS in
-# OpenVINO bf16 matched 25 of 31 rows of torch at IoU 0.5 on a random input, while its raw head's cosine was 0.99999;
-# the zoo's YOLO11n (random weights) 146 of 889 at IoU 0.9.
 DETECTION_HINT = ("keep fp32 with --precision fp32 (auto does so by itself), or accept a share of changed detections "
                   "with --max-accuracy-drop top1=5%")
-DETECTION_IOU = 0.5  # COCO's criterion for a detection of the same object
-DETECTION_DROP = 0.02
 FLOAT_GATE_WORDS = "cosine >= 0.999 on every output, {:.0%} of detections matched".format(1 - DETECTION_DROP)
 MISS_HINT = ("keep fp32 with --precision fp32 (auto does so by itself), or accept more with --max-accuracy-drop "
              "(e.g. cosine=0.99)")
@@ -87,15 +77,8 @@ class FloatGate:
         """Per output: max abs error, cosine, top-1 agreement of `run` against torch eager on the batches; the
         outputs of a detection group (boxes, scores, labels, count) also get the group's detections compared."""
         want = self._reference()
-        got = [[np.asarray(o) for o in run(batch)] for batch in self.batches]
-        names = list(self.spec.output_names)
-        records = [dict(output_metrics([g[i] for g in got], [w[i] for w in want]), name=names[i])
-                   for i in range(len(want[0]))]
-        for group in detection_groups(names):
-            found = detection_metrics(group, got, want)
-            for index in group.values():
-                records[index].update(found, compared="as detections", group=names[group["boxes"]])
-        return records
+        return compare_outputs(list(self.spec.output_names), [[np.asarray(o) for o in run(batch)]
+                                                               for batch in self.batches], want)
 
     def check(self, label: str, precision: str, run: Callable[[List[np.ndarray]], List[Any]]) -> Dict[str, Any]:
         """The accuracy record of a candidate computing in `precision`; EdgedynError with the numbers on a miss."""
@@ -110,73 +93,6 @@ class FloatGate:
                 if self.gate_source == "default" else "--max-accuracy-drop", "; ".join(misses)),
                 hint=DETECTION_HINT if any("expected detections matched" in m for m in misses) else MISS_HINT)
         return record
-
-
-def detection_metrics(group: Dict[str, int], got: Sequence[Sequence[np.ndarray]],
-                      want: Sequence[Sequence[np.ndarray]]) -> Dict[str, Any]:
-    """One detection group over the batches: rows expected and returned, rows matched (same label, IoU >=
-    DETECTION_IOU, each expected row in descending score taking the best-overlapping free row), the share that
-    agrees (matched over the larger of the two counts), the worst IoU and score error of a matched pair."""
-    expected = returned = matched = 0
-    worst_iou, score_error = 1.0, 0.0
-    for batch_got, batch_want in zip(got, want):
-        counts = np.asarray(batch_want[group["count"]])
-        for image in np.ndindex(*counts.shape):
-            pick = lambda arrays, key: np.asarray(arrays[group[key]])[image]  # noqa: E731
-            rows = (_rows(pick(batch_want, "count"), len(pick(batch_want, "scores"))),
-                    _rows(pick(batch_got, "count"), len(pick(batch_got, "scores"))))
-            wanted = valid_rows({key: pick(batch_want, key) for key in KEYS}, rows[0])
-            returned_rows = valid_rows({key: pick(batch_got, key) for key in KEYS}, rows[1])
-            for row, best, overlap in pair_rows(wanted, returned_rows, DETECTION_IOU,
-                                                order=np.argsort(-wanted["scores"], kind="stable")):
-                matched += 1
-                worst_iou = min(worst_iou, overlap)
-                score_error = max(score_error, abs(float(returned_rows["scores"][best] - wanted["scores"][row])))
-            expected, returned = expected + rows[0], returned + rows[1]
-    larger = max(expected, returned)
-    return {"rows_expected": expected, "rows_returned": returned, "rows_matched": matched,
-            "row_agreement": matched / larger if larger else 1.0, "min_iou": worst_iou,
-            "max_score_error": score_error}
-
-
-def _rows(count: Any, limit: int) -> int:
-    """A returned count as a number of rows (a broken candidate's NaN or out-of-range count reads as 0 or all)."""
-    value = float(count)
-    return int(min(max(value, 0.0), float(limit))) if np.isfinite(value) else 0
-
-
-def misses_of(gate: Gate, outputs: Sequence[Dict[str, Any]]) -> List[str]:
-    """The bounds of `gate` that `outputs` miss, in words; top-1 applies to classifier-shaped outputs only, and a
-    detection group is judged by its rows (DETECTION_DROP, or the gate's top1 share) instead of by cosine: its
-    outputs are padded lists whose order and length a rounding may change."""
-    misses = []
-    for record in outputs:
-        if record.get("compared") == "as detections":
-            if record["name"] == record["group"]:
-                misses.extend(_detection_misses(gate, record))
-            continue
-        name, agreement = record["name"], record.get("top1_agreement")
-        if gate.min_cosine is not None and record["cosine"] < gate.min_cosine:
-            misses.append("{} cosine {:.6f} < {:g}".format(name, record["cosine"], gate.min_cosine))
-        if gate.top1_drop is not None and agreement is not None and 1.0 - agreement > gate.top1_drop + 1e-12:
-            misses.append("{} top-1 agreement {:.2%} (drop {:.2%} > allowed {:.2%})".format(
-                name, agreement, 1.0 - agreement, gate.top1_drop))
-        if gate.max_abs is not None and record["max_abs_error"] > gate.max_abs:
-            misses.append("{} max abs error {:.4g} > {:g}".format(name, record["max_abs_error"], gate.max_abs))
-    return misses
-
-
-def _detection_misses(gate: Gate, record: Dict[str, Any]) -> List[str]:
-    if not record["rows_expected"]:
-        return ["{}: torch returns no detections on the gate's inputs, so nothing measures what {} does to "
-                "them (pass --eval-inputs with images that have objects)".format(record["name"], "this precision")]
-    drop = gate.top1_drop if gate.top1_drop is not None else DETECTION_DROP
-    if 1.0 - record["row_agreement"] > drop + 1e-12:
-        return ["{}: {} of {} expected detections matched (same label, IoU >= {:g}), {} returned: {:.1%} of rows "
-                "differ, more than {:.0%}".format(record["name"], record["rows_matched"], record["rows_expected"],
-                                                  DETECTION_IOU, record["rows_returned"],
-                                                  1.0 - record["row_agreement"], drop)]
-    return []
 
 
 def float_gate(spec: Any, eval_inputs: Any = None, max_accuracy_drop: Optional[str] = None,
@@ -242,10 +158,3 @@ def summary(artifact: Dict[str, Any]) -> Optional[str]:
             output["name"], output["cosine"], output["max_abs_error"],
             ", top-1 agreement {:.1%}".format(output["top1_agreement"]) if "top1_agreement" in output else ""))
     return "; ".join(parts)
-
-
-def detection_words(record: Dict[str, Any]) -> str:
-    """A detection group's accuracy record in words."""
-    return "{}: {} of {} detections matched (same label, IoU >= {:g}; worst {:.3f}), {} returned, scores within " \
-           "{:.3g}".format(record["name"], record["rows_matched"], record["rows_expected"], DETECTION_IOU,
-                           record["min_iou"], record["rows_returned"], record["max_score_error"])
