@@ -125,3 +125,28 @@ def test_cpu_sessions_call_onnxruntime_natively_with_the_same_results(two_input_
     a, b = _fresh((1, 16), 41), _fresh((1, 16), 42)
     public = executor._session.run(executor._outputs, {"a": a, "b": b})
     np.testing.assert_array_equal(executor.run([a, b])[0], public[0])
+
+
+def test_rows_sharing_the_first_arguments_shape_are_told_apart_by_the_rest_in_order():
+    """The fast path looks a call up by its first tensor's dtype and shape, then checks the rest row by row in
+    manifest order, as dispatch does: specializations that share the first argument's shape stay distinct."""
+    from types import SimpleNamespace
+
+    from edgedyn.runtime.fastpath import FastDispatch
+
+    def spec(name: str, a: tuple, b: tuple) -> SimpleNamespace:
+        guards = []
+        for input_, shape in (("a", a), ("b", b)):
+            guards += [{"kind": "tensor", "input": input_}, {"kind": "dtype", "input": input_, "expected": "float32"},
+                       {"kind": "rank", "input": input_, "expected": len(shape)}]
+            guards += [{"kind": "dim", "input": input_, "index": i, "expected": n} for i, n in enumerate(shape)]
+        return SimpleNamespace(name=name, guards=guards, inputs=["a", "b"])
+
+    specs = [spec("wide", (1, 16), (1, 16)), spec("narrow", (1, 16), (1, 1)), spec("batch", (4, 16), (4, 16))]
+    fast = FastDispatch([{"name": "a"}, {"name": "b"}], specs)
+    for a, b, name in (((1, 16), (1, 16), "wide"), ((1, 16), (1, 1), "narrow"), ((4, 16), (4, 16), "batch")):
+        chosen, arrays = fast.match((_fresh(a, 1), _fresh(b, 2)))
+        assert chosen.name == name and arrays[0].shape == a and arrays[1].shape == b
+    assert fast.match((_fresh((1, 16), 1), _fresh((1, 2), 2))) is None
+    assert fast.match((_fresh((2, 16), 1), _fresh((2, 16), 2))) is None
+    assert fast.match((_fresh((1, 16), 1, np.float64), _fresh((1, 16), 2))) is None

@@ -1,8 +1,9 @@
 """int8 for the openvino backend: NNCF (OpenVINO's own compression library) over the converted OpenVINO model.
 
 Static (`int8`): NNCF's default post-training scheme (weights int8 per output channel, activations int8 per tensor,
-fast bias correction); when its accuracy on a validation split is below the target, `nncf.quantize_with_accuracy_control`
-puts the layers that cost the most back in float, one group at a time (bounded: see MAX_RANKED).
+fast bias correction); when its accuracy on a validation split is below the target,
+`nncf.quantize_with_accuracy_control` puts the layers that cost the most back in float, one group at a time
+(bounded: see MAX_RANKED).
 The metric is edgedyn's: the mean cosine of the outputs to torch eager's (the worst output's), and the target is the
 gate's cosine (`Quantization.target_cosine`, 0.99 by default), so NNCF stops where the gate would pass. Measured on
 torchvision's MobileNetV3-Large at 224 (random weights, batch norms measured on their activations; 64 calibration

@@ -6,6 +6,7 @@ import numpy as np
 from edgedyn.runtime import guards as guard_checks
 
 Specialization = Any  # edgedyn.runtime.program.Specialization (which imports this module)
+Row = Tuple[Specialization, List[Tuple[int, Any, Any]], List[int]]  # a specialization, its checks, its inputs' order
 
 
 class FastDispatch:
@@ -22,18 +23,33 @@ class FastDispatch:
     def __init__(self, signature: List[Dict[str, Any]], specializations: List[Specialization]) -> None:
         names = [param["name"] for param in signature]
         self._arity = len(names)
-        self._table = []  # type: List[Tuple[Specialization, List[Tuple[int, Any, Any]], List[int]]]
+        self._table = []  # type: List[Row]
         for spec in specializations:
             checks = _fast_checks(spec.guards, names)
             if checks is None:
                 break
             self._table.append((spec, checks, [names.index(name) for name in spec.inputs]))
+        # The rows by the first tensor argument's (dtype, shape), in table order: a call is compared with the rows
+        # that can hold it only (a bundle with buckets has one row per bucket, and a padded call matches none).
+        firsts = {next((c[0] for c in checks if c[1] is None), None) for _, checks, _ in self._table}
+        self._first = firsts.pop() if len(firsts) == 1 else None  # type: Optional[int]
+        self._rows = {}  # type: Dict[Tuple[Any, Any], List[Row]]
+        if self._first is not None:
+            for row in self._table:
+                expected = next(c[2] for c in row[1] if c[0] == self._first)
+                self._rows.setdefault(expected, []).append(row)
 
     def match(self, args: Sequence[Any]) -> Optional[Tuple[Specialization, List[np.ndarray]]]:
         """(the specialization and its executor inputs) when the fast rules decide it, else None."""
         if len(args) != self._arity:
             return None
-        for spec, checks, order in self._table:
+        table = self._table
+        if self._first is not None:
+            first = args[self._first]
+            if type(first) is not np.ndarray:
+                return None
+            table = self._rows.get((first.dtype, first.shape), ())
+        for spec, checks, order in table:
             for position, kind, expected in checks:
                 value = args[position]
                 if kind is None:  # a tensor: (dtype, shape), and C order, which the executors need
