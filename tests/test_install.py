@@ -7,8 +7,8 @@ command there exactly as written with PYTHON=/usr/bin/python3, and checks the bu
 The two install tests are marked slow_install and deselected by default (pyproject addopts): each installs every
 extra into a fresh virtual environment. Measured on a shared 2-core machine: 4 min (1.6 GB) for the Debian-python
 test, 7 min (3.0 GB with the root filesystem and its apt packages) for the bookworm one; both together took 2 min 55 s
-on 2026-12-01 with pip's wheels cached, 10 min 36 s at a load average of about 6. .ci/run runs them after the README's test command with
-`python3 -m pytest -m slow_install tests/test_install.py`. Without what they need they skip locally and fail under
+on 2026-12-01 with pip's wheels cached, 10 min 36 s at a load average of about 6. .ci/run runs them after the
+README's test command, both at once: `python3 -m pytest -n 2 -m slow_install tests/test_install.py`. Without what they need they skip locally and fail under
 CI=true (conftest.require).
 """
 import os
