@@ -67,7 +67,8 @@ def test_readme_first_command_with_debians_own_python(tmp_path):
     assert "verified 1 output(s) of 1 specialization(s)" in result.stderr
     assert (checkout / "tiny.edgedyn").is_file()
     # Debian's python itself is untouched: edgedyn went into the virtual environment only.
-    assert subprocess.run([str(DEBIAN_PYTHON), "-c", "import edgedyn"], cwd="/", capture_output=True).returncode != 0
+    assert subprocess.run([str(DEBIAN_PYTHON), "-c", "import edgedyn"], cwd="/", env=environment,
+                          capture_output=True).returncode != 0
 
 
 # The README's first command inside a fresh Debian 12 root filesystem, with nothing but Debian's own python3 in
