@@ -36,6 +36,7 @@ MAX_BLOCKTIME_MS = 400
 FP16_OPTIONS = ("use_fp16_storage", "use_fp16_packed", "use_fp16_arithmetic")
 MAX_BATCH = 1 << 16
 MAX_ITEM_RANK = 4  # ncnn's Mat: w, h, d, c
+_F32 = np.dtype(np.float32)
 
 
 def _import_ncnn() -> Any:
@@ -129,6 +130,9 @@ class NcnnExecutor:
         self._threads = int(opt.num_threads)
         _load(self._net, param, weights, label)
         self._copy = [_read_in_place(layers, name) for name in self._inputs]
+        self._called_shapes = [(self._batch,) + shape for shape in self._input_shapes]
+        self._extracted = [(name, (1,) + shape, int(np.prod(shape, dtype=np.int64)))
+                           for name, shape in zip(self._outputs, self._output_shapes)]
         self._ncnn = ncnn
         self.artifact = artifact
 
@@ -136,26 +140,32 @@ class NcnnExecutor:
         if len(inputs) != len(self._inputs):
             raise BundleError("the ncnn model takes {} inputs, the call gave {}".format(len(self._inputs),
                                                                                         len(inputs)), hint=schema.HINT)
-        for name, array, item in zip(self._inputs, inputs, self._input_shapes):
-            if tuple(array.shape) != (self._batch,) + item:
-                raise BundleError("input {}: shape {} is not the ({},) + {} this ncnn model was made for".format(
-                    name, tuple(array.shape), self._batch, item), hint=schema.HINT)
-        items = [np.asarray(array, dtype=np.float32, order="C") for array in inputs]
-        results = [np.empty((self._batch,) + shape, np.float32) for shape in self._output_shapes]
-        for index in range(self._batch):
-            extractor = self._net.create_extractor()
-            for name, array, copy in zip(self._inputs, items, self._copy):
-                mat = self._ncnn.Mat(array[index])  # over the caller's memory, which ncnn only reads...
-                extractor.input(name, mat.clone() if copy else mat)  # ...unless an in-place layer reads it
-            for slot, (name, shape) in enumerate(zip(self._outputs, self._output_shapes)):
-                code, mat = extractor.extract(name)
-                value = np.asarray(mat)  # a view of ncnn's memory, copied once into the result below
-                if code != 0 or value.size != results[slot][index].size:
-                    raise BundleError("ncnn computed output {} as {} values of shape {} (status {}); the model "
-                                      "declares {}".format(name, value.size, value.shape, code, shape),
-                                      hint=schema.HINT)
-                results[slot][index] = value.reshape(shape)
-        return results
+        for name, array, shape in zip(self._inputs, inputs, self._called_shapes):
+            if array.shape != shape:
+                raise BundleError("input {}: shape {} is not the {} this ncnn model was made for".format(
+                    name, tuple(array.shape), shape), hint=schema.HINT)
+        items = [np.ascontiguousarray(array, _F32) for array in inputs]  # the array itself when it is one
+        if self._batch == 1:  # the common call: its item's outputs are the outputs
+            return self._item(items, 0)
+        done = [self._item(items, index) for index in range(self._batch)]
+        return [np.concatenate([item[slot] for item in done]) for slot in range(len(self._outputs))]
+
+    def _item(self, items: List[np.ndarray], index: int) -> List[np.ndarray]:
+        """The outputs of item `index` of the call, each of shape (1,) + the item's."""
+        extractor = self._net.create_extractor()
+        for name, array, copy in zip(self._inputs, items, self._copy):
+            mat = self._ncnn.Mat(array[index])  # over the caller's memory, which ncnn only reads...
+            extractor.input(name, mat.clone() if copy else mat)  # ...unless an in-place layer reads it
+        values = []
+        for name, shape, size in self._extracted:
+            code, mat = extractor.extract(name)
+            value = np.array(mat)  # ncnn's memory, copied: it returns to ncnn's pool with the extractor
+            if code != 0 or value.size != size:
+                raise BundleError("ncnn computed output {} as {} values of shape {} (status {}); the model "
+                                  "declares {}".format(name, value.size, value.shape, code, shape[1:]),
+                                  hint=schema.HINT)
+            values.append(value.reshape(shape))
+        return values
 
     def precision(self) -> Tuple[str, Optional[str]]:
         """(the precision this executor computes in, why it is not the artifact's or None)."""
