@@ -35,7 +35,7 @@ _TEMPLATE_BYTES = 64 * 1024
 
 Specialization = Any  # edgedyn.runtime.program.Specialization (which imports this module)
 Finish = Callable[[List[np.ndarray]], List[np.ndarray]]
-Routed = Tuple[Specialization, List[np.ndarray], Finish]
+Routed = Tuple[Specialization, List[np.ndarray], Optional[Finish]]  # no Finish: no output to cut
 
 
 # --- dispatch ---
@@ -160,9 +160,9 @@ class BucketGroup:
             steps.append((list(names).index(name), tuple(shape), valid, filler, fill, template))
         return steps
 
-    def slicer(self, length: int, spec: Specialization) -> Finish:
+    def slicer(self, length: int, spec: Specialization) -> Optional[Finish]:
         """Cuts each output of `spec` to the part a call of `length` would have given (outputs without axes stay
-        whole); the indices are computed here, once per call shape."""
+        whole; None when no output has one); the indices are computed here, once per call shape."""
         right = self.padding["side"] == "right"
         cuts = []  # type: List[Optional[Tuple[slice, ...]]]
         for record, output in zip(self.padding["outputs"], spec.outputs):
@@ -175,6 +175,9 @@ class BucketGroup:
                 valid = min(extent, max(0, (rule["scale"] * length + rule["offset"]) // rule["divisor"]))
                 index[rule["axis"]] = slice(0, valid) if right else slice(extent - valid, extent)
             cuts.append(tuple(index))
+
+        if all(cut is None for cut in cuts):  # no output has the padded axis (a classifier's logits)
+            return None
 
         def finish(outputs: List[np.ndarray]) -> List[np.ndarray]:
             return [output if cut is None else np.asarray(output[cut], order="C")
