@@ -179,9 +179,10 @@ class BucketGroup:
         if all(cut is None for cut in cuts):  # no output has the padded axis (a classifier's logits)
             return None
 
+        contiguous = np.ascontiguousarray  # the slice itself when it is already (a cut of axis 1 after a batch of 1)
+
         def finish(outputs: List[np.ndarray]) -> List[np.ndarray]:
-            return [output if cut is None else np.asarray(output[cut], order="C")
-                    for output, cut in zip(outputs, cuts)]
+            return [output if cut is None else contiguous(output[cut]) for output, cut in zip(outputs, cuts)]
         return finish
 
 
