@@ -26,6 +26,7 @@ import numpy as np
 from edgedyn.runtime import guards as guard_checks
 from edgedyn.runtime import schema
 from edgedyn.runtime.errors import BundleError, GuardError
+from edgedyn.runtime.fastpath import call_key
 
 _CACHED_CALLS = 64  # call shapes whose padded routing the fast path remembers
 # A padded input up to this size is built from a copy of a remembered array already holding the pad value (one copy
@@ -179,10 +180,9 @@ class BucketGroup:
         if all(cut is None for cut in cuts):  # no output has the padded axis (a classifier's logits)
             return None
 
-        contiguous = np.ascontiguousarray  # the slice itself when it is already (a cut of axis 1 after a batch of 1)
-
         def finish(outputs: List[np.ndarray]) -> List[np.ndarray]:
-            return [output if cut is None else contiguous(output[cut]) for output, cut in zip(outputs, cuts)]
+            # order positionally: a keyword costs 0.06 us; the slice itself when it is C-ordered already
+            return [output if cut is None else np.asarray(output[cut], None, "C") for output, cut in zip(outputs, cuts)]
         return finish
 
 
@@ -208,8 +208,12 @@ class BucketDispatch:
         if not self._padded or len(args) + len(kwargs) != len(self._names):
             return None
         values = args if not kwargs else self._values(args, kwargs)
-        key = _key(values) if values is not None else None
-        seen = self._seen.get(key) if key is not None else None
+        key = call_key(values) if values is not None else None
+        return self.seen(key, values) if key is not None else None
+
+    def seen(self, key: Tuple[Any, ...], values: Sequence[Any]) -> Optional[Routed]:
+        """fast() for positional `values` whose call_key is `key`."""
+        seen = self._seen.get(key)
         if seen is None:
             return None
         spec, steps, finish = seen
@@ -235,7 +239,7 @@ class BucketDispatch:
             routed = group.route(values)
             if routed is None:
                 continue
-            key = _key([values[name] for name in self._names])
+            key = call_key([values[name] for name in self._names])
             if key is not None:
                 plan = (routed[0], group.steps(routed[0], self._names, values, group.length(values)), routed[2])
                 with self._lock:
@@ -383,16 +387,3 @@ class ArenaPool:
             buffer = raw[start:start + size]
             self._local.buffer = buffer
         return buffer
-
-
-def _key(values: Sequence[Any]) -> Optional[Tuple[Any, ...]]:
-    """What the guards read of a call: each array's dtype and shape, each constant's type and value."""
-    key = []  # type: List[Any]
-    for value in values:
-        if type(value) is np.ndarray:
-            key.append((value.dtype, value.shape))
-        elif type(value) in (int, float, bool):
-            key.append((type(value), value))
-        else:
-            return None
-    return tuple(key)

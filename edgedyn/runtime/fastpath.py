@@ -6,7 +6,6 @@ import numpy as np
 from edgedyn.runtime import guards as guard_checks
 
 Specialization = Any  # edgedyn.runtime.program.Specialization (which imports this module)
-Row = Tuple[Specialization, List[Tuple[int, Any, Any]], List[int]]  # a specialization, its checks, its inputs' order
 
 
 class FastDispatch:
@@ -15,52 +14,54 @@ class FastDispatch:
 
     Note: an optimization only, never a second rule. `match` returns the specialization the guards would choose,
     or None; on None `Program.__call__` takes the general path, which binds, checks every guard and words the
-    errors. Specializations are tried in manifest order, as `dispatch` does, and the search stops at the first
-    one whose guards this class cannot read (dispatch would reach it before any later one). The tables are built
-    once and never written again: safe to share between threads.
+    errors. A call is looked up by its call_key (each argument's dtype and shape, or type and value); where two
+    specializations accept the same key the first in manifest order has it, as in `dispatch`, and the table stops
+    at the first specialization whose guards this class cannot read (dispatch would reach it before any later
+    one). The table is built once and never written again: safe to share between threads.
     """
 
     def __init__(self, signature: List[Dict[str, Any]], specializations: List[Specialization]) -> None:
         names = [param["name"] for param in signature]
-        self._arity = len(names)
-        self._table = []  # type: List[Row]
+        # Each specialization under the call key (call_key) its guards accept, with the positions of its tensors
+        # and of its inputs; the first in manifest order keeps a key.
+        self._keyed = {}  # type: Dict[Tuple[Any, ...], Tuple[Specialization, List[int], List[int]]]
         for spec in specializations:
             checks = _fast_checks(spec.guards, names)
             if checks is None:
                 break
-            self._table.append((spec, checks, [names.index(name) for name in spec.inputs]))
-        # The rows by the first tensor argument's (dtype, shape), in table order: a call is compared with the rows
-        # that can hold it only (a bundle with buckets has one row per bucket, and a padded call matches none).
-        firsts = {next((c[0] for c in checks if c[1] is None), None) for _, checks, _ in self._table}
-        self._first = firsts.pop() if len(firsts) == 1 else None  # type: Optional[int]
-        self._rows = {}  # type: Dict[Tuple[Any, Any], List[Row]]
-        if self._first is not None:
-            for row in self._table:
-                expected = next(c[2] for c in row[1] if c[0] == self._first)
-                self._rows.setdefault(expected, []).append(row)
+            key = tuple(expected if kind is None else (kind, expected) for _, kind, expected in checks)
+            self._keyed.setdefault(key, (spec, [position for position, kind, _ in checks if kind is None],
+                                         [names.index(name) for name in spec.inputs]))
 
     def match(self, args: Sequence[Any]) -> Optional[Tuple[Specialization, List[np.ndarray]]]:
         """(the specialization and its executor inputs) when the fast rules decide it, else None."""
-        if len(args) != self._arity:
+        key = call_key(args)
+        return None if key is None else self.match_key(key, args)
+
+    def match_key(self, key: Tuple[Any, ...], args: Sequence[Any]) -> Optional[Tuple[Specialization, List[np.ndarray]]]:
+        """match(), given the call's call_key (computed once per call, and shared with the buckets' fast path)."""
+        row = self._keyed.get(key)
+        if row is None:
             return None
-        table = self._table
-        if self._first is not None:
-            first = args[self._first]
-            if type(first) is not np.ndarray:
+        spec, tensors, order = row
+        for position in tensors:  # C order, which the executors need
+            if not args[position].flags.c_contiguous:
                 return None
-            table = self._rows.get((first.dtype, first.shape), ())
-        for spec, checks, order in table:
-            for position, kind, expected in checks:
-                value = args[position]
-                if kind is None:  # a tensor: (dtype, shape), and C order, which the executors need
-                    if type(value) is not np.ndarray or value.dtype != expected[0] or value.shape != expected[1] \
-                            or not value.flags.c_contiguous:
-                        break
-                elif type(value) is not kind or value != expected:
-                    break
-            else:
-                return spec, [args[position] for position in order]
-        return None
+        return spec, [args[position] for position in order]
+
+
+def call_key(values: Sequence[Any]) -> Optional[Tuple[Any, ...]]:
+    """What the guards read of a call: each array's dtype and shape, each constant's type and value; None when an
+    argument is anything else (a list, a torch tensor, a numpy subclass: the general path binds and converts it)."""
+    key = []  # type: List[Any]
+    for value in values:
+        if type(value) is np.ndarray:
+            key.append((value.dtype, value.shape))
+        elif type(value) in (int, float, bool):
+            key.append((type(value), value))
+        else:
+            return None
+    return tuple(key)
 
 
 def _fast_checks(guards: List[Dict[str, Any]], names: List[str]) -> Optional[List[Tuple[int, Any, Any]]]:

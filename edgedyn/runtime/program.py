@@ -13,7 +13,7 @@ from edgedyn.runtime.devices import gpu_unusable_reason
 from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, GuardError, MissingDependencyError,
                                     PlatformError)
 from edgedyn.runtime.executors import executor_class
-from edgedyn.runtime.fastpath import FastDispatch
+from edgedyn.runtime.fastpath import FastDispatch, call_key
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
 from edgedyn.runtime.frames import frames_of
 from edgedyn.runtime.outputs import build_outputs, flatten_outputs  # noqa: F401 (flatten_outputs: re-exported)
@@ -198,12 +198,19 @@ class Program:
             args, kwargs, placement = self.frames.take(args, kwargs)
             if placement is not None:
                 return self.frames.routed(self.route_call(args, kwargs), placement)
-        fast = None if kwargs else self._fast.match(args)
-        if fast is not None:
-            return fast[0], fast[1], None
-        padded = self.buckets.fast(args, kwargs)
-        if padded is not None:
-            return padded
+        if not kwargs:  # one key for the exact fast path and the padded one
+            key = call_key(args)
+            if key is not None:
+                fast = self._fast.match_key(key, args)
+                if fast is not None:
+                    return fast[0], fast[1], None
+                padded = self.buckets.seen(key, args)
+                if padded is not None:
+                    return padded
+        else:
+            padded = self.buckets.fast(args, kwargs)
+            if padded is not None:
+                return padded
         spec, values, padded = self._dispatch(self.bind(args, kwargs))
         if padded is not None:
             return padded

@@ -144,7 +144,7 @@ class NcnnExecutor:
             if array.shape != shape:
                 raise BundleError("input {}: shape {} is not the {} this ncnn model was made for".format(
                     name, tuple(array.shape), shape), hint=schema.HINT)
-        items = [np.ascontiguousarray(array, _F32) for array in inputs]  # the array itself when it is one
+        items = [np.asarray(array, _F32, "C") for array in inputs]  # the array itself when it is one
         if self._batch == 1:  # the common call: its item's outputs are the outputs
             return self._item(items, 0)
         done = [self._item(items, index) for index in range(self._batch)]
