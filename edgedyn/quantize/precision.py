@@ -23,7 +23,8 @@ import numpy as np
 
 from edgedyn import calibration as calibration_data
 from edgedyn.errors import EdgedynError
-from edgedyn.quantize.accuracy import DETECTION_DROP, Gate, compare_outputs, detection_words, misses_of, parse_gate
+from edgedyn.quantize.accuracy import (DETECTION_DROP, Gate, compare_outputs, detection_words, misses_of, parse_gate,
+                                       rows_differ)
 from edgedyn.runtime.precision import FP32, PRECISIONS
 
 AUTO = "auto"
@@ -91,7 +92,7 @@ class FloatGate:
             raise EdgedynError("{} in {} misses {}: {}".format(
                 label, precision, "the float accuracy gate ({})".format(FLOAT_GATE_WORDS)
                 if self.gate_source == "default" else "--max-accuracy-drop", "; ".join(misses)),
-                hint=DETECTION_HINT if any("expected detections matched" in m for m in misses) else MISS_HINT)
+                hint=DETECTION_HINT if rows_differ(self.gate, outputs) else MISS_HINT)
         return record
 
 
