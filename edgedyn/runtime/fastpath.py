@@ -36,10 +36,13 @@ class FastDispatch:
     def match(self, args: Sequence[Any]) -> Optional[Tuple[Specialization, List[np.ndarray]]]:
         """(the specialization and its executor inputs) when the fast rules decide it, else None."""
         key = call_key(args)
-        return None if key is None else self.match_key(key, args)
+        routed = None if key is None else self.match_key(key, args)
+        return None if routed is None else routed[:2]
 
-    def match_key(self, key: Tuple[Any, ...], args: Sequence[Any]) -> Optional[Tuple[Specialization, List[np.ndarray]]]:
-        """match(), given the call's call_key (computed once per call, and shared with the buckets' fast path)."""
+    def match_key(self, key: Tuple[Any, ...], args: Sequence[Any]) -> Optional[Tuple[Specialization, List[np.ndarray],
+                                                                                     None]]:
+        """The route of a call (as Program.route_call returns it: nothing to cut back) when the fast rules decide
+        it, given the call's call_key (computed once per call, and shared with the buckets' fast path)."""
         row = self._keyed.get(key)
         if row is None:
             return None
@@ -47,7 +50,7 @@ class FastDispatch:
         for position in tensors:  # C order, which the executors need
             if not args[position].flags.c_contiguous:
                 return None
-        return spec, [args[position] for position in order]
+        return spec, [args[position] for position in order], None
 
 
 def call_key(values: Sequence[Any]) -> Optional[Tuple[Any, ...]]:

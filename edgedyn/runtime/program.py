@@ -198,19 +198,13 @@ class Program:
             args, kwargs, placement = self.frames.take(args, kwargs)
             if placement is not None:
                 return self.frames.routed(self.route_call(args, kwargs), placement)
-        if not kwargs:  # one key for the exact fast path and the padded one
-            key = call_key(args)
-            if key is not None:
-                fast = self._fast.match_key(key, args)
-                if fast is not None:
-                    return fast[0], fast[1], None
-                padded = self.buckets.seen(key, args)
-                if padded is not None:
-                    return padded
+        key = call_key(args) if not kwargs else None  # one key for the exact fast path and the padded one
+        if key is not None:
+            routed = self._fast.match_key(key, args) or self.buckets.seen(key, args)
         else:
-            padded = self.buckets.fast(args, kwargs)
-            if padded is not None:
-                return padded
+            routed = self.buckets.fast(args, kwargs) if kwargs else None
+        if routed is not None:
+            return routed
         spec, values, padded = self._dispatch(self.bind(args, kwargs))
         if padded is not None:
             return padded
