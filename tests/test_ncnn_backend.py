@@ -270,11 +270,82 @@ def test_a_mean_over_height_and_width_becomes_global_pooling_and_matches_torch(t
     (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
     layers = artifact["ncnn"]["layers"]
     assert "Reduction" not in layers and layers["Pooling"] == 2, layers
+    # the block's two 1x1 convolutions run on the pooled vector, straight into the multiply: no Reshape left
+    assert layers["Convolution"] == 1 and layers["InnerProduct"] == 3 and "Reshape" not in layers, layers
     program = rt.load(path, threads=1)
     x = np.random.default_rng(9).standard_normal((1, 3, 24, 24)).astype(np.float32)
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(program(x), want, rtol=RTOL, atol=1e-5 * float(np.abs(want).max()))
+
+
+class _ImagePooling(torch.nn.Module):
+    """DeepLabV3's ASPP image pooling: a pooled 1x1 convolution, then spread back over the map (no BinaryOp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.pooled = torch.nn.Conv2d(8, 6, 1)
+        self.local = torch.nn.Conv2d(8, 6, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        branch = torch.relu(self.pooled(y.mean((2, 3), keepdim=True)))
+        spread = torch.nn.functional.interpolate(branch, size=y.shape[-2:], mode="bilinear", align_corners=False)
+        return torch.cat([self.local(y), spread], dim=1)
+
+
+def test_a_pooled_convolution_not_read_by_a_multiply_keeps_its_reshape_after_it_and_matches_torch(tmp_path):
+    torch.manual_seed(0)
+    model = _ImagePooling().eval()
+    path = edgedyn.export(model, (torch.randn(1, 3, 20, 20),), backend="ncnn", output=tmp_path / "m.edgedyn")
+    (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
+    layers = artifact["ncnn"]["layers"]
+    assert layers["InnerProduct"] == 1 and layers["Reshape"] == 1 and layers["Convolution"] == 2, layers
+    program = rt.load(path, threads=1)
+    x = np.random.default_rng(4).standard_normal((1, 3, 20, 20)).astype(np.float32)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(program(x), want, rtol=RTOL, atol=1e-5 * float(np.abs(want).max()))
+
+
+POOLED = ["Pooling p 1 1 a v 0=1 4=1", "Reshape r 1 1 v m 0=1 1=1 2=-1"]
+POINTWISE = "Convolution {} 1 1 {} {} 0=4 1=1 11=1 12=1 13=1 14=0 2=1 3=1 4=0 5=1 6=32"
+
+
+@pytest.mark.parametrize("rows, expected", [
+    # into a multiply with the (8, h, w) map (a's copy through a Split): the Reshape goes, the vector is multiplied
+    (["Split s 1 2 a a0 a1"] + POOLED[:1] + ["Reshape r 1 1 v m 0=1 1=1 2=-1",
+      "Convolution c 1 1 m n 0=8 1=1 11=1 12=1 13=1 14=0 2=1 3=1 4=0 5=1 6=64 9=1", "Sigmoid g 1 1 n o",
+      "BinaryOp x 2 1 o a1 y 0=2"],
+     None),
+    # ended elsewhere: the Reshape follows the chain, an array parameter (clip's bounds) kept under its key
+    (POOLED + [POINTWISE.format("c", "m", "n") + " 9=3 -23310=2,0.0,6.0", "Sigmoid g 1 1 n o"],
+     POOLED[:1] + ["InnerProduct c 1 1 v n 0=4 1=1 2=32 9=3 -23310=2,0.0,6.0", "Sigmoid g 1 1 n o_vec",
+                   "Reshape r_moved 1 1 o_vec o 0=1 1=1 2=-1"]),
+    # not a matrix product on the vector: stride 2, a pad, a 3x3 kernel; a blob read twice; no convolution at all
+    (POOLED + [POINTWISE.format("c", "m", "n").replace("3=1", "3=2")], []),
+    (POOLED + [POINTWISE.format("c", "m", "n").replace("4=0", "4=1")], []),
+    (POOLED + [POINTWISE.format("c", "m", "n").replace("1=1 11=1", "1=3 11=3").replace("4=0", "4=1").replace(
+        "14=0", "14=1").replace("6=32", "6=288")], []),
+    (POOLED + ["Split s 1 2 m m0 m1", POINTWISE.format("c", "m0", "n"), "Sigmoid g 1 1 m1 o"], []),
+    (POOLED + ["Sigmoid g 1 1 m o"], []),
+])
+def test_pooled_convolutions_become_inner_products_only_as_matrix_products_on_the_vector(rows, expected):
+    from edgedyn.backends.ncnn import fuse_pooled_convolutions
+
+    blobs = {token for row in rows for token in row.split()[4:] if "=" not in token} | {"a"}
+    param = "\n".join(["7767517", "{} {}".format(len(rows) + 1, len(blobs)), "Input in 0 1 a"] + rows + [""])
+    out = fuse_pooled_convolutions(param.encode("ascii"), {"a": (8, 5, 6)}).decode("ascii").splitlines()
+    if expected == []:
+        assert out == param.splitlines()
+        return
+    if expected is None:
+        expected = ["Split s 1 2 a a0 a1", POOLED[0],
+                    "InnerProduct c 1 1 v n 0=8 1=1 2=64 9=1", "Sigmoid g 1 1 n o", "BinaryOp x 2 1 o a1 y 0=2"]
+    made = {token for row in expected for token in row.split()[4:] if "=" not in token} | {"a"}
+    assert out[1] == "{} {}".format(len(expected) + 1, len(made))
+    assert out[2:] == ["Input in 0 1 a"] + expected
 
 
 MEAN = "Reduction r 1 1 a b 0=3 1=0 -23303=2,2,1 5=1"

@@ -27,9 +27,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edgedyn.backends.artifact import Artifact, Build, open_executor
+from edgedyn.backends.ncnn_rewrites import fuse_global_pooling, fuse_pooled_convolutions, fuse_swish
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.runtime.errors import BundleError
-from edgedyn.runtime.executors.ncnn_param import WEIGHTS, check_model, check_shapes, parse_param
+from edgedyn.runtime.executors.ncnn_param import WEIGHTS, check_model
 from edgedyn.runtime.executors.ncnn import MAX_ITEM_RANK
 from edgedyn.runtime.precision import FP32
 from edgedyn.runtime.program import FP32_TOLERANCE, compare
@@ -80,7 +81,7 @@ def lower(build: Build) -> Artifact:
     item_shapes = {name: shape[1:] for name, (shape, _) in zip(build.tensor_inputs, inputs)}
     param = fuse_swish(_named(param, build, list(build.tensor_inputs), output_names))
     try:
-        param = fuse_global_pooling(param, item_shapes)
+        param = fuse_pooled_convolutions(fuse_global_pooling(param, item_shapes), item_shapes)
         layers = check_model(param, weights, "the ncnn model pnnx wrote", item_shapes)
     except BundleError as error:  # a layer or a shape edgedyn's checker does not take: the runtime would refuse it
         raise BackendError(error.message.replace(" is not a valid ncnn model: ", " fails edgedyn's checks: "),
@@ -175,98 +176,6 @@ def _named(param: bytes, build: Build, inputs: List[str], outputs: List[str]) ->
         links = 4 + int(row[2]) + int(row[3])
         renamed.append(" ".join(row[:4] + [names.get(token, token) for token in row[4:links]] + row[links:]))
     return "\n".join(lines[:2] + renamed + [""]).encode("ascii")
-
-
-def fuse_swish(param: bytes) -> bytes:
-    """The .param text with every x * sigmoid(x) that pnnx left in three layers (Split, Sigmoid, BinaryOp multiply)
-    as one Swish layer: one pass over the tensor instead of three. pnnx fuses SiLU when each call site has its own
-    module, and leaves the decomposed form where one SiLU module is called at several places (ultralytics' Conv
-    shares one `default_act` among all its layers: 11 of YOLO11n's 77). The rewrite needs the Split's two copies
-    and the sigmoid's result to have no other reader; anything else stays as it is."""
-    lines = param.decode("ascii").splitlines()
-    rows = [line.split() for line in lines[2:] if line.strip()]
-    readers = {}  # type: Dict[str, List[int]]
-    for index, row in enumerate(rows):
-        for blob in row[4:4 + int(row[2])]:
-            readers.setdefault(blob, []).append(index)
-    gone, replaced = set(), {}  # type: Any, Dict[int, List[str]]
-    for index, row in enumerate(rows):
-        if row[0] != "Split" or row[2:4] != ["1", "2"]:
-            continue
-        source, copies = row[4], row[5:7]
-        users = [readers.get(blob, []) for blob in copies]
-        if any(len(u) != 1 for u in users):
-            continue
-        for at, by, straight in ((users[0][0], users[1][0], copies[1]), (users[1][0], users[0][0], copies[0])):
-            sigmoid, product = rows[at], rows[by]
-            if sigmoid[0] != "Sigmoid" or len(sigmoid) != 6 or product[0] != "BinaryOp" or product[2:4] != ["2", "1"]:
-                continue
-            if product[7:] != ["0=2"] or sorted(product[4:6]) != sorted([straight, sigmoid[5]]):
-                continue
-            if readers.get(sigmoid[5], []) != [by]:
-                continue
-            gone.update({index, at})
-            replaced[by] = ["Swish", sigmoid[1] + "_swish", "1", "1", source, product[6]]
-            break
-    if not replaced:
-        return param
-    kept = [replaced.get(i, row) for i, row in enumerate(rows) if i not in gone]
-    layers, blobs = (int(v) for v in lines[1].split())
-    header = "{} {}".format(layers - 2 * len(replaced), blobs - 3 * len(replaced))
-    return "\n".join([lines[0], header] + [" ".join(row) for row in kept] + [""]).encode("ascii")
-
-
-def fuse_global_pooling(param: bytes, inputs: Dict[str, Tuple[int, ...]]) -> bytes:
-    """The .param text with every mean over both spatial axes of a (c, h, w) blob (a Reduction, which pnnx writes
-    for the ONNX ReduceMean of a global average pool or a squeeze-excite block) as ncnn's global average Pooling.
-    ncnn's Reduction takes no packed layout and no fp16 storage: ncnn unpacks the whole feature map for it (and casts
-    it to fp32) before reducing, where Pooling reads it packed (pnnx from the torch module writes Pooling for
-    `AdaptiveAvgPool2d(1)`; ResNet-18 counted 0.1% more instructions per call on the emulated Pi 5 with Reduction).
-    Pooling makes a 1-d blob (c): a Reduction that dropped the axes becomes Pooling; one that kept them, read only by
-    a Reshape to (c), becomes Pooling in place of both; any other becomes Pooling and a Reshape to (c, 1, 1).
-    `inputs`: each input blob's per-item shape (the ranks decide which axes are h and w)."""
-    layers = parse_param(param, "the ncnn model pnnx wrote")
-    shapes = check_shapes(layers, dict(inputs), 1 << 62, "the ncnn model pnnx wrote")
-    lines = param.decode("ascii").splitlines()
-    rows = [line.split() for line in lines[2:] if line.strip()]
-    readers = {}  # type: Dict[str, List[int]]
-    for index, layer in enumerate(layers):
-        for blob in layer.bottoms:
-            readers.setdefault(blob, []).append(index)
-    taken = set(shapes)
-    gone, replaced = set(), {}  # type: Any, Dict[int, List[List[str]]]
-    for index, layer in enumerate(layers):
-        if layer.type != "Reduction" or len(layer.bottoms) != 1 or len(shapes[layer.bottoms[0]]) != 3:
-            continue
-        axes = layer.params.get(3, ())
-        axes = axes if isinstance(axes, tuple) else (axes,)
-        params = layer.params
-        if params.get(0) != 3 or params.get(1, 1) != 0 or params.get(5) != 1 or sorted(axes) != [1, 2] or set(
-                params) - {0, 1, 3, 4, 5}:
-            continue
-        source, made = layer.bottoms[0], layer.tops[0]
-        pooling = ["Pooling", layer.name, "1", "1", source, made, "0=1", "4=1"]
-        if not params.get(4, 0):
-            replaced[index] = [pooling]
-            continue
-        users = readers.get(made, [])
-        if len(users) == 1 and layers[users[0]].type == "Reshape" and len(shapes[layers[users[0]].tops[0]]) == 1:
-            gone.add(index)
-            replaced[users[0]] = [pooling[:5] + [layers[users[0]].tops[0]] + pooling[6:]]
-            continue
-        pooled = made + "_gap"
-        while pooled in taken:
-            pooled += "_"
-        taken.add(pooled)
-        replaced[index] = [pooling[:5] + [pooled] + pooling[6:],
-                           ["Reshape", layer.name + "_keepdims", "1", "1", pooled, made, "0=1", "1=1", "2=-1"]]
-    if not replaced:
-        return param
-    kept = [row for i, old in enumerate(rows) if i not in gone for row in replaced.get(i, [old])]
-    count, blobs = (int(v) for v in lines[1].split())
-    added = len(kept) - len(rows)
-    header = "{} {}".format(count + added, blobs + added)
-    return "\n".join([lines[0], header] + [" ".join(row) for row in kept] + [""]).encode("ascii")
 
 
 def _refuse_leftovers(types: List[str], program: Any) -> None:
