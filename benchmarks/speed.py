@@ -416,8 +416,20 @@ def worker(task_path: str) -> None:
             want = np.load(task["reference"])["out0"].astype(np.float64).ravel()
             result["cosine"] = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want) or 1.0))
     except Exception as error:  # a variant that fails is reported, the run goes on
-        result = {"error": "{}: {}".format(type(error).__name__, str(error).splitlines()[0] if str(error) else "")}
+        result = failure(error)
     print("RESULT " + json.dumps(result))
+
+
+def failure(error: BaseException) -> Dict[str, Any]:
+    """A failed variant's record: its first line for the table, the whole message (an export's refusal lists every
+    candidate it measured on the lines after the first) and edgedyn's hint for the JSON."""
+    text = str(error).strip()
+    record = {"error": "{}: {}".format(type(error).__name__, (text.splitlines() or [""])[0])}
+    if "\n" in text:
+        record["message"] = text
+    if getattr(error, "hint", None):
+        record["hint"] = str(error.hint)
+    return record
 
 
 def run_worker(task: Dict[str, Any], workdir: Path, script: str = __file__, timeout: int = 600,
@@ -479,8 +491,7 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> Dict[str,
             tasks[variant] = dict(prepare(variant, name, workdir, args), threads=args.threads, seconds=args.seconds,
                                   **common)
         except Exception as error:
-            message = "{}: {}".format(type(error).__name__, (str(error).strip().splitlines() or [""])[0])
-            record["variants"][variant] = {"error": message[:400]}
+            record["variants"][variant] = failure(error)
             if os.environ.get("EDGEDYN_DEBUG"):
                 traceback.print_exc()
     rounds = {variant: [] for variant in tasks}  # type: Dict[str, List[Dict[str, Any]]]
@@ -499,9 +510,9 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> Dict[str,
         if times:
             entry["median_ms"] = statistics.median(times)
             entry["cosine"] = next((r["cosine"] for r in results if "cosine" in r), None)
-        errors = [r["error"] for r in results if "error" in r]
-        if errors:
-            entry["error"] = errors[0]
+        failed = [r for r in results if "error" in r]
+        if failed:
+            entry.update({key: failed[0][key] for key in ("error", "message", "hint") if key in failed[0]})
         record["variants"][variant] = entry
     add_speedups(record)
     return record

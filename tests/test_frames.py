@@ -243,6 +243,25 @@ def test_run_on_a_photo_gives_boxes_in_its_pixels_and_draws_them(yolo_frames: Di
     assert pre["preprocess"] == "in the bundle" and pre["steps"] == "decode 500x300, the bundle's letterbox to 320x320"
 
 
+@pytest.mark.requires("ultralytics", "onnxruntime", "PIL")
+def test_run_letterboxes_the_photo_once(yolo_frames: Dict[str, Any], tmp_path: Path, monkeypatch: Any) -> None:
+    """`edgedyn run` names the specialization it ran: it routes the call once (it dispatched, then called: every
+    frame was resized and padded twice)."""
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from edgedyn.cli.main import app
+    from edgedyn.runtime.frames import Frames
+
+    photo = tmp_path / "photo.png"
+    Image.fromarray(_frame(300, 500)).save(str(photo))
+    prepared, original = [], Frames.prepare
+    monkeypatch.setattr(Frames, "prepare", lambda self, frame: prepared.append(frame.shape) or original(self, frame))
+    done = CliRunner().invoke(app, ["run", str(yolo_frames["path"]), "-i", "x={}".format(photo), "--json"])
+    assert done.exit_code == 0, done.output
+    assert prepared == [(300, 500, 3)]
+
+
 @pytest.mark.parametrize("option, message", [
     ("resize", "name one resize first, letterbox or stretch"),
     ("letterbox,stretch", "name one resize first"),

@@ -64,9 +64,9 @@ def run_command(
             bundle.name), hint="export the detector with its NMS inside (--nms for a YOLO head)")
     values = read_inputs(program, input_, "unit" if preprocess == "auto" and detector else
                          "imagenet" if preprocess == "auto" else preprocess)
-    spec, _ = program.dispatch(**values)
+    spec, result = program.run_routed(*program.route_call((), values))  # routed once: a frame is resized once
     err.print("using {}".format(spec.selection()))
-    flat = flatten_outputs(spec.output_tree, program(**values))
+    flat = flatten_outputs(spec.output_tree, result)
     named = {record["name"]: array for record, array in zip(spec.outputs, flat)}
     if output is not None:
         _write_npz(named, output)

@@ -46,8 +46,8 @@ def run_arrays(path: str, inputs_npz: bytes, threads: Optional[int] = None) -> b
     program = load(path, threads=threads)
     with np.load(io.BytesIO(inputs_npz), allow_pickle=False) as data:
         values = {name: data[name] for name in data.files}
-    spec, _ = program.dispatch(**values)
-    outputs = flatten_outputs(spec.output_tree, program(**values))
+    spec, result = program.run_routed(*program.route_call((), values))
+    outputs = flatten_outputs(spec.output_tree, result)
     buffer = io.BytesIO()
     np.savez(buffer, **{"output.{}".format(i): np.asarray(o) for i, o in enumerate(outputs)})
     return buffer.getvalue()

@@ -171,10 +171,13 @@ class Program:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the matching specialization; safe to call from any number of threads at once (see threads.py)."""
-        spec, arrays, finish = self.route_call(args, kwargs)
+        return self.run_routed(*self.route_call(args, kwargs))[1]
+
+    def run_routed(self, spec: Specialization, arrays: List[np.ndarray], finish: Optional[Finish]) -> Tuple[Any, Any]:
+        """(spec, outputs) for route_call's three values: a caller that names the specialization routes once."""
         try:
             outputs = spec.executor.run(arrays)
-            return build_outputs(spec.output_tree, finish(outputs) if finish is not None else outputs)
+            return spec, build_outputs(spec.output_tree, finish(outputs) if finish is not None else outputs)
         except EdgedynError:
             raise
         except Exception as error:  # the arguments passed every guard: the artifact itself is at fault
@@ -185,8 +188,7 @@ class Program:
                 hint="run `edgedyn verify` on the bundle; export it again if it fails")
 
     def route(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, List[np.ndarray]]:
-        """What a call does before its executor runs: the matching specialization and the executor's input arrays
-        (GuardError when none matches), padded to the bucket when the call's length lies between buckets."""
+        """A call's specialization and executor input arrays (padded to a bucket; GuardError when none matches)."""
         return self.route_call(args, kwargs)[:2]
 
     def route_call(self, args: Sequence[Any], kwargs: Dict[str, Any]
@@ -211,8 +213,7 @@ class Program:
         return spec, [np.asarray(values[name], order="C") for name in spec.inputs], None
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Tuple[Specialization, Dict[str, Any]]:
-        """The specialization whose guards all hold (or the bucket a padded call runs in), and the bound values (a
-        frame among them made the model's input)."""
+        """The specialization whose guards hold (or a padded call's bucket), and the bound values (a frame made input)."""
         if self.frames is not None:
             args, kwargs, _ = self.frames.take(args, kwargs)
         return self._dispatch(self.bind(args, kwargs))[:2]
@@ -264,8 +265,7 @@ class Program:
         _require_arrays(arrays, wanted, spec.record["reference"])
         for name in spec.inputs:
             values[name] = arrays["input." + name]
-        outputs = [arrays["output.{}".format(i)] for i in range(len(spec.outputs))]
-        return values, outputs
+        return values, [arrays["output.{}".format(i)] for i in range(len(spec.outputs))]
 
     def verify(self) -> List[Dict[str, Any]]:
         """Runs every specialization on its reference inputs and compares with torch eager's outputs; then the
