@@ -68,8 +68,7 @@ def measure_batchnorm(model: Any, batches: Iterable[Any], spread: Optional[torch
                 norm.reset_running_stats()
                 norm.momentum = None  # a cumulative average over the batches
                 if spread is not None and norm.affine:
-                    norm.weight.uniform_(0.5, 1.5, generator=spread)
-                    norm.bias.normal_(0, 0.1, generator=spread)
+                    _spread_norm(norm, spread)
             model.eval()
             for norm in norms:
                 norm.train()
