@@ -47,6 +47,9 @@ class Backend:
     # The reduced float precisions (edgedyn/runtime/precision.py) its CPU artifacts can compute in, each with the CPU
     # architectures where it can: `auto` builds those the CPU has the feature for as candidates beside fp32.
     precisions: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    # Its reduced-precision artifacts can keep their first layers in fp32 (Build.fp32_share): `auto` tries that when
+    # the whole artifact misses the float gate (edgedyn/candidates.py FP32_SHARES).
+    mixes: bool = False
     # Its executor runs every bucket of a group in one arena per thread, sized for the largest (runtime/buckets.py
     # ArenaPool): the board-fit check counts that arena once per group.
     shares_arena: bool = False
@@ -100,7 +103,7 @@ BACKENDS = {
         name="openvino", lower="edgedyn.backends.openvino:lower", executor="openvino", devices=("cpu",),
         quantizes=True, extra="export,openvino,nncf", board_extra="openvino", overhead_bytes=55 * MB,
         overhead_import="import openvino; openvino.Core()", general=False, pipeline="onnxruntime",
-        threads_per_model=True, precisions=(("bf16", ("x86_64",)), ("fp16", ("aarch64", "x86_64"))),
+        threads_per_model=True, precisions=(("bf16", ("x86_64",)), ("fp16", ("aarch64", "x86_64"))), mixes=True,
         summary="an OpenVINO IR run by OpenVINO's CPU plugin, in fp32, bf16 (x86 with AVX512_BF16 or AMX) or fp16 "
                 "(Arm v8.2 cores)"),
     "portable": Backend(

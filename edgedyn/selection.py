@@ -9,7 +9,8 @@ admits, and, under --quantize, the int8 build of every backend with int8 kernels
   (candidates.checked), the verified ones are timed in turns (turns.py), the fastest few again on 1, 2, 4, ...
   threads below every core, and the fastest (candidate, thread count) is kept. An int8 or reduced-precision
   candidate is therefore kept only when it is faster than every fp32 one: a candidate that costs accuracy must
-  buy time;
+  buy time. A reduced-precision candidate that misses its gate on a backend that mixes is tried again with some
+  of its first layers in fp32 (candidates.FP32_SHARES), each such try a candidate of its own;
 - for another board, the first candidate of the board file's `backends.preference` that builds (and, when its
   artifact runs here too, verifies) ("board preference").
 `--backend NAME` with one candidate builds it ("user"); with several (its precisions under --precision auto) they
@@ -23,9 +24,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from edgedyn.registry import AUTO, BACKENDS, check_backend_name
 from edgedyn.backends.artifact import Artifact, open_executor
 from edgedyn.boards import Board, Target
+from edgedyn.errors import EdgedynError
 from edgedyn.candidates import (INT8, Candidate, TuningRejectedWarning, builder, candidate_list, candidates, checked,
-                                example_arrays, gate_missed, gated, measuring_features, no_candidate, nothing_built,
-                                untuned_if_wrong)
+                                example_arrays, gate_missed, gated, measuring_features, more_fp32, no_candidate,
+                                nothing_built, untuned_if_wrong)
 from edgedyn.frontend import Specialization
 from edgedyn.runtime.format import host_arch
 from edgedyn.runtime.precision import REDUCED
@@ -66,8 +68,11 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
         step("building {} with {} for {}".format(spec.name, only.words, target.name))
         artifact = build(only)
         if only.precision in REDUCED and here:
-            artifact.meta["accuracy"] = gated(artifact, only, spec, accuracy)
-        return _with_selection(artifact, {"mode": "user", "requested": backend, "precision": only.precision})
+            artifact, only = _gated(build, artifact, only, spec, accuracy, step)
+        selection = {"mode": "user", "requested": backend, "precision": only.precision}
+        if only.fp32_share:
+            selection["candidate"] = only.label
+        return _with_selection(artifact, selection)
     if here:
         chosen = _measured(build, board, spec, step, timing, listed, quantization, accuracy)
         if backend != AUTO:
@@ -83,6 +88,35 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
             "the board file's preference decided".format(board.name, _emulation_missing(board) if probe else
                                                          "no probe bundle")
     return chosen
+
+
+def _gated(build: Callable[[Candidate], Artifact], artifact: Artifact, candidate: Candidate, spec: Specialization,
+           accuracy: Any, step: Progress) -> Tuple[Artifact, Candidate]:
+    """The user's reduced-precision artifact with its accuracy record once it meets the gate; else the same with its
+    first layers in fp32 (candidates.more_fp32), the smallest share that meets it; else the first miss, with the
+    others' numbers."""
+    try:
+        artifact.meta["accuracy"] = gated(artifact, candidate, spec, accuracy)
+        return artifact, candidate
+    except EdgedynError as error:
+        miss, tries, best = error, [], None  # type: EdgedynError, List[str], Any
+    queue = more_fp32(candidate, False)
+    while queue:
+        candidate = queue.pop(0)
+        step("{} missed the gate; trying {}".format(candidate.backend, candidate.words))
+        artifact = build(candidate)
+        try:
+            artifact.meta["accuracy"] = gated(artifact, candidate, spec, accuracy)
+            best = (artifact, candidate)
+        except EdgedynError as error:
+            tries.append("first {:.0%}: {}".format(candidate.fp32_share, error.message.split(": ", 1)[-1]))
+        queue = more_fp32(candidate, best is not None and best[1] is candidate)
+    if best is not None:
+        return best
+    if tries:
+        raise EdgedynError("{}; with its first layers in fp32 it missed too ({})".format(
+            miss.message, "; ".join(tries)), hint=miss.hint)
+    raise miss
 
 
 def _emulation_missing(board: Board) -> Optional[str]:
@@ -101,7 +135,9 @@ def _measured(build: Callable[[Candidate], Artifact], board: Board, spec: Specia
     missed = []  # type: List[str]  # candidates that ran but missed an accuracy gate
     with contextlib.ExitStack() as stack:  # each verified executor stays open to be timed
         executors = {}  # type: Dict[str, Any]
-        for candidate in listed:
+        queue = list(listed)
+        while queue:
+            candidate = queue.pop(0)
             label = candidate.label
             step("building {} with {}".format(spec.name, candidate.words))
             artifact = attempt(label, lambda: build(candidate), rejected)
@@ -109,6 +145,8 @@ def _measured(build: Callable[[Candidate], Artifact], board: Board, spec: Specia
                 step("{}: skipped ({})".format(label, rejected[label]))
                 continue
             executor = checked(stack, candidate, artifact, spec, quantization, accuracy, rejected, missed, step)
+            if executor is not None or label in missed:  # next: another share of its first layers in fp32, if any
+                queue[:0] = more_fp32(candidate, executor is not None)
             if executor is None:
                 continue
             step("{}: verified".format(label))

@@ -149,6 +149,104 @@ def test_a_reduced_precision_that_misses_the_gate_is_dropped_with_its_numbers(tm
     assert not (tmp_path / "n.edgedyn").exists()
 
 
+class _RawSensor(torch.nn.Module):
+    """Raw 10-bit sensor values (around 1000, spread 1) whose offset the first convolution's bias takes off: bf16
+    keeps 8 bits of mantissa, so the rounding of the input is all in that first layer, and the layers after it see
+    values of order one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                        torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                                        torch.nn.Conv2d(16, 8, 3, padding=1))
+        with torch.no_grad():
+            self.body[0].bias.copy_(-1000.0 * self.body[0].weight.sum((1, 2, 3)))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+MIXED_GATE = "cosine=0.99995"
+
+
+def test_a_bf16_that_misses_the_gate_keeps_its_first_layers_in_fp32(tmp_path):
+    """Where all-bf16 misses the gate, the same IR with its first layers marked fp32 is tried next (a tenth of its
+    layers first): OpenVINO runs those in f32 and the rest in bf16, as its runtime model reports, and the outputs
+    meet the gate on fresh inputs. auto records the all-bf16 miss beside the mixed candidate it measured."""
+    require(BF16_HERE, "needs a CPU with AVX512_BF16 or AMX", "run it on such a CPU (Zen 4, Cooper Lake, Sapphire "
+                                                               "Rapids or newer)")
+    torch.manual_seed(0)
+    model = _RawSensor().eval()
+    example = (1000.0 + torch.randn(1, 3, 32, 32),)
+    path = edgedyn.export(model, example, backend="openvino", precision="bf16", max_accuracy_drop=MIXED_GATE,
+                          output=tmp_path / "m.edgedyn")
+    (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
+    assert artifact["precision"] == "bf16" and artifact["openvino"]["weights"] == "fp32"
+    assert artifact["openvino"]["fp32_layers"] == {"first": 1, "of": 8, "share": 0.1}
+    assert artifact["selection"]["candidate"] == "openvino:bf16+fp32-first-10%"
+    assert artifact["requires"]["python"][0].startswith("openvino>=20")
+    program = rt.load(path, threads=1)
+    (spec,) = program.specializations
+    assert spec.executor.describe()["computed_in"] == {"f32": 1, "bf16": 2}  # OpenVINO's own report
+    assert "its first 1 of 8 layers in fp32" in precisions_summary(artifact)
+    x = (1000.0 + np.random.default_rng(5).standard_normal((1, 3, 32, 32))).astype(np.float32)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    got = program(x)
+    assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) > 20 * RTOL  # not fp32: the rest is bf16
+    assert _cosine(got, want) >= 0.99995
+    auto = edgedyn.export(model, example, backend="openvino", max_accuracy_drop=MIXED_GATE,
+                          output=tmp_path / "a.edgedyn")
+    selection = rt.read_manifest(auto)["specializations"][0]["artifacts"][0]["selection"]
+    assert "openvino:bf16 in bf16 misses --max-accuracy-drop: output_0 cosine 0.9998" in selection["rejected"][
+        "openvino:bf16"]
+    assert "openvino:bf16+fp32-first-10%" in selection["medians_ms"]
+
+
+def test_the_shares_of_fp32_layers_are_tried_half_first_then_the_smallest_that_passes():
+    from edgedyn.candidates import Candidate, more_fp32
+
+    def after(share, passed, backend="openvino", precision="bf16"):
+        return [c.fp32_share for c in more_fp32(Candidate(backend, precision, share), passed)]
+
+    assert after(0.0, False) == [0.5] and after(0.0, True) == []  # all-bf16 missed: half in fp32 next
+    assert after(0.5, False) == [] and after(0.5, True) == [0.1]  # half missed: nothing will do; passed: a tenth
+    assert after(0.1, False) == [0.2] and after(0.2, False) == [0.35] and after(0.35, False) == []
+    assert after(0.1, True) == [] and after(0.2, True) == []
+    assert after(0.0, False, backend="tflite", precision="fp16") == []  # a backend that does not mix
+    assert after(0.0, False, precision="fp32") == []
+    assert Candidate("openvino", "bf16", 0.35).label == "openvino:bf16+fp32-first-35%"
+
+
+def precisions_summary(artifact):
+    from edgedyn.quantize.precision import summary
+
+    return summary(dict(artifact, backend="openvino"))
+
+
+def test_first_layers_are_marked_fp32_in_the_ir_and_nothing_else_changes():
+    from edgedyn.backends.openvino import keep_first_layers_fp32
+
+    layers = [("0", "Parameter"), ("1", "Const"), ("2", "Convolution"), ("3", "Add"), ("4", "Convert"),
+              ("5", "Relu"), ("6", "Convolution"), ("7", "Result")]
+    xml = '<net name="m" version="11"><layers>{}</layers><edges /></net>'.format("".join(
+        '<layer id="{}" name="l{}" type="{}" version="opset1">{}</layer>'.format(
+            i, i, kind, '<rt_info><attribute name="fused_names" version="0" value="x" /></rt_info>'
+            if kind == "Add" else "") for i, kind in layers)).encode("utf-8")
+    out, kept, total = keep_first_layers_fp32(xml, 0.5)
+    assert (kept, total) == (2, 4)
+    import xml.etree.ElementTree as ElementTree
+
+    marked = {layer.get("type"): [a.attrib for a in layer.iter("attribute")] for layer in
+              ElementTree.fromstring(out).iter("layer")}
+    mark = {"name": "DisablePrecisionConversion", "version": "0", "value": "dynamic:f16"}
+    # the first two that compute (Convolution, Add) marked; not the weights, Converts, the inputs or outputs
+    assert [len(list(layer.iter("attribute"))) for layer in ElementTree.fromstring(out).iter("layer")] == [
+        0, 0, 1, 2, 0, 0, 0, 0]
+    assert marked["Add"] == [{"name": "fused_names", "version": "0", "value": "x"}, mark]  # kept beside its own
+    assert keep_first_layers_fp32(xml, 1.0)[1:] == (4, 4) and keep_first_layers_fp32(xml, 0.1)[1:] == (1, 4)
+
+
 def test_precisions_another_board_cannot_measure_here_are_refused_in_words(tmp_path, monkeypatch):
     import edgedyn.onboard
 

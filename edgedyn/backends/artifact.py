@@ -36,6 +36,7 @@ class Build:
     quantization: Optional[Any] = None  # an edgedyn.quantize.Quantization (backends with quantizes=True)
     reference: Optional[bytes] = None  # reference .npz (inputs and torch outputs), for accuracy measured in a build
     tuning: bool = True  # False: build without the target's tuning records (a tuned build that disagreed)
+    fp32_share: float = 0.0  # a reduced precision's first layers kept in fp32, as a share (backends that `mix`)
 
 
 @contextmanager

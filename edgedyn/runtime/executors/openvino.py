@@ -79,6 +79,10 @@ def _type_name(value: Any) -> str:
     return str(name() if callable(name) else value)
 
 
+# The layer types of OpenVINO's runtime model whose precision says where the arithmetic happens.
+COMPUTING_LAYERS = ("Convolution", "Deconvolution", "FullyConnected", "MatMul")
+
+
 class OpenVinoExecutor:
     """One compiled OpenVINO model; an infer request per calling thread (a request holds one call's tensors and is
     not safe to share, while the compiled model is)."""
@@ -144,4 +148,22 @@ class OpenVinoExecutor:
                      "inference_precision": _type_name(self._compiled.get_property("INFERENCE_PRECISION_HINT"))}
         if self._why_not:
             described["precision_note"] = self._why_not
+        computed = self.computed_in()
+        if computed:
+            described["computed_in"] = computed
         return described
+
+    def computed_in(self) -> Dict[str, int]:
+        """How many of the compiled model's convolutions and matrix products run in each precision, as OpenVINO's
+        runtime model reports it (a mixed artifact's first layers in f32, the rest in bf16); {} if it reports none."""
+        counts = {}  # type: Dict[str, int]
+        try:
+            for op in self._compiled.get_runtime_model().get_ordered_ops():
+                info = op.get_rt_info()
+                if "layerType" in info and "runtimePrecision" in info and str(
+                        info["layerType"].astype(str)) in COMPUTING_LAYERS:
+                    precision = str(info["runtimePrecision"].astype(str))
+                    counts[precision] = counts.get(precision, 0) + 1
+        except (AttributeError, RuntimeError, TypeError):  # an OpenVINO that reports less: nothing to say
+            return {}
+        return counts
