@@ -182,13 +182,14 @@ def test_a_bf16_that_misses_the_gate_keeps_its_first_layers_in_fp32(tmp_path):
                           output=tmp_path / "m.edgedyn")
     (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
     assert artifact["precision"] == "bf16" and artifact["openvino"]["weights"] == "fp32"
-    assert artifact["openvino"]["fp32_layers"] == {"first": 1, "of": 8, "share": 0.1}
+    # the first tenth rounds up to the next convolution: the first one with its bias and ReLU
+    assert artifact["openvino"]["fp32_layers"] == {"first": 3, "of": 8, "share": 0.1}
     assert artifact["selection"]["candidate"] == "openvino:bf16+fp32-first-10%"
     assert artifact["requires"]["python"][0].startswith("openvino>=20")
     program = rt.load(path, threads=1)
     (spec,) = program.specializations
     assert spec.executor.describe()["computed_in"] == {"f32": 1, "bf16": 2}  # OpenVINO's own report
-    assert "its first 1 of 8 layers in fp32" in precisions_summary(artifact)
+    assert "its first 3 of 8 layers in fp32" in precisions_summary(artifact)
     x = (1000.0 + np.random.default_rng(5).standard_normal((1, 3, 32, 32))).astype(np.float32)
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
@@ -234,17 +235,17 @@ def test_first_layers_are_marked_fp32_in_the_ir_and_nothing_else_changes():
             i, i, kind, '<rt_info><attribute name="fused_names" version="0" value="x" /></rt_info>'
             if kind == "Add" else "") for i, kind in layers)).encode("utf-8")
     out, kept, total = keep_first_layers_fp32(xml, 0.5)
-    assert (kept, total) == (2, 4)
+    assert (kept, total) == (3, 4)  # half is two; the marks end before the next convolution, not between its layers
     import xml.etree.ElementTree as ElementTree
 
     marked = {layer.get("type"): [a.attrib for a in layer.iter("attribute")] for layer in
               ElementTree.fromstring(out).iter("layer")}
     mark = {"name": "DisablePrecisionConversion", "version": "0", "value": "dynamic:f16"}
-    # the first two that compute (Convolution, Add) marked; not the weights, Converts, the inputs or outputs
+    # the first three that compute (Convolution, Add, Relu) marked; not the weights, Converts, inputs or outputs
     assert [len(list(layer.iter("attribute"))) for layer in ElementTree.fromstring(out).iter("layer")] == [
-        0, 0, 1, 2, 0, 0, 0, 0]
+        0, 0, 1, 2, 0, 1, 0, 0]
     assert marked["Add"] == [{"name": "fused_names", "version": "0", "value": "x"}, mark]  # kept beside its own
-    assert keep_first_layers_fp32(xml, 1.0)[1:] == (4, 4) and keep_first_layers_fp32(xml, 0.1)[1:] == (1, 4)
+    assert keep_first_layers_fp32(xml, 1.0)[1:] == (4, 4) and keep_first_layers_fp32(xml, 0.1)[1:] == (3, 4)
 
 
 def test_precisions_another_board_cannot_measure_here_are_refused_in_words(tmp_path, monkeypatch):
@@ -306,6 +307,30 @@ def test_the_ir_is_checked_before_openvino_reads_it(openvino_bundle, edit, words
         check_ir(edit(xml), len(weights), None, "bundle m.edgedyn: model.xml")
     assert raised.value.message.startswith("bundle m.edgedyn: model.xml is not a valid OpenVINO IR: ")
     assert words in raised.value.message
+
+
+@pytest.mark.parametrize("edit", [
+    lambda x: x.replace(b'type="Convolution"', b'type="NoSuchOperation"', 1),
+    lambda x: x.replace(b'to-port="0"', b'to-port="7"', 1),
+])
+def test_an_ir_that_passes_the_checks_but_openvino_refuses_is_a_bundle_error(openvino_bundle, edit):
+    """What check_ir cannot know (an op OpenVINO lacks, an edge to no port) OpenVINO refuses at compile: the
+    executor says so as a BundleError naming the file, never OpenVINO's own exception."""
+    from edgedyn.backends.artifact import Artifact, open_executor
+
+    xml, weights = _ir(openvino_bundle)
+    broken = edit(xml)
+    assert broken != xml
+    check_ir(broken, len(weights), None, "m")
+    record = rt.read_manifest(openvino_bundle("tiny_cnn"))["specializations"][0]["artifacts"][0]
+    artifact = Artifact(backend="openvino", executor="openvino", device="cpu", arch=None, target=record["target"],
+                        files={"model": broken, "weights": weights},
+                        file_names={"model": "model.xml", "weights": "weights.bin"},
+                        meta={key: record[key] for key in ("input_names", "output_names", "precision", "openvino")})
+    with pytest.raises(BundleError) as raised:
+        with open_executor(artifact):
+            pass
+    assert "could not compile model/model.xml" in raised.value.message, raised.value.message
 
 
 def test_only_layers_fed_by_nms_may_have_a_dynamic_dim():

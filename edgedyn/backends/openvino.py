@@ -115,22 +115,29 @@ def _first_line(error: BaseException) -> str:
 # The layers a mixed artifact counts and marks: what computes (not the weights, the inputs and outputs, or the
 # Converts that decompress weights).
 NOT_COMPUTING = ("Const", "Parameter", "Result", "Convert")
+# The marked layers end just before one of these: the CPU plugin fuses a convolution with the adds and activation
+# after it, and refuses to compile ("object is not initialized") a fused group that is part f32, part bf16
+# (DeepLabV3-MobileNetV3: every cut between a convolution and its residual add failed, none before a convolution).
+GROUP_STARTS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData", "MatMul")
 # OpenVINO's runtime attribute that keeps a layer in its original precision (the CPU plugin leaves a layer that may
 # not be converted to f16 in f32 under a bf16 or f16 inference precision): from any element type to f16.
 KEEP_FP32 = ("DisablePrecisionConversion", "0", "dynamic:f16")
 
 
 def keep_first_layers_fp32(xml: bytes, share: float) -> Tuple[bytes, int, int]:
-    """(the IR with its first `share` of computing layers marked to stay fp32, how many were marked, how many
-    compute). An IR lists its layers in topological order: the first ones are those nearest the inputs, where a
-    reduced precision's rounding has the whole network to grow through (DeepLabV3-MobileNetV3 in bf16: cosine
-    0.9969 to torch with every layer bf16, 0.9991 with the first tenth fp32, 0.9998 with half)."""
+    """(the IR with its first `share` of computing layers marked to stay fp32, up to the next convolution or matrix
+    product, how many were marked, how many compute). An IR lists its layers in topological order: the first ones
+    are those nearest the inputs, where a reduced precision's rounding has the whole network to grow through
+    (DeepLabV3-MobileNetV3 in bf16: cosine 0.9969 to torch with every layer bf16, 0.9991 with the first tenth fp32,
+    0.9998 with half)."""
     import math
     import xml.etree.ElementTree as ElementTree
 
     root = ElementTree.fromstring(xml)
     computing = [layer for layer in root.iter("layer") if layer.get("type") not in NOT_COMPUTING]
     count = min(len(computing), int(math.ceil(share * len(computing))))
+    while count < len(computing) and computing[count].get("type") not in GROUP_STARTS:
+        count += 1
     name, version, value = KEEP_FP32
     for layer in computing[:count]:
         info = layer.find("rt_info")

@@ -106,8 +106,14 @@ class OpenVinoExecutor:
         core = _core(openvino)
         # The weights are handed over in place (no copy): `self._weights` keeps them alive as long as the model.
         self._weights = np.frombuffer(weights, np.uint8)
-        model = core.read_model(model=xml.decode("utf-8"), weights=openvino.Tensor(self._weights))
-        self._compiled = core.compile_model(model, "CPU", config)
+        try:
+            model = core.read_model(model=xml.decode("utf-8"), weights=openvino.Tensor(self._weights))
+            self._compiled = core.compile_model(model, "CPU", config)
+        except (RuntimeError, UnicodeDecodeError) as error:  # OpenVINO's own refusal of what passed check_ir
+            lines = [line for line in str(error).splitlines() if line.strip() and "Exception from" not in line]
+            raise BundleError("bundle {}: OpenVINO {} could not compile {}: {}".format(
+                getattr(bundle, "path", "?"), openvino.get_version(), files["model"],
+                schema.short(lines[-1] if lines else type(error).__name__, 200)), hint=schema.HINT)
         names = {}  # type: Dict[str, int]
         for index, port in enumerate(self._compiled.outputs):
             for name in port.get_names():
