@@ -1,7 +1,6 @@
 """The openvino backend end to end: fp32 equal to torch eager, bf16/fp16 gated and really computed in the reduced
 precision where the CPU has it, the IR checked before OpenVINO reads it, and `auto` over (backend, precision)."""
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import torch
