@@ -168,7 +168,7 @@ class _RawSensor(torch.nn.Module):
 MIXED_GATE = "cosine=0.99995"
 
 
-def test_a_bf16_that_misses_the_gate_keeps_its_first_layers_in_fp32(tmp_path):
+def test_a_bf16_that_misses_the_gate_keeps_its_first_layers_in_fp32(tmp_path, run_cli):
     """Where all-bf16 misses the gate, the same IR with its first layers marked fp32 is tried next (a tenth of its
     layers first): OpenVINO runs those in f32 and the rest in bf16, as its runtime model reports, and the outputs
     meet the gate on fresh inputs. auto records the all-bf16 miss beside the mixed candidate it measured."""
@@ -189,6 +189,8 @@ def test_a_bf16_that_misses_the_gate_keeps_its_first_layers_in_fp32(tmp_path):
     (spec,) = program.specializations
     assert spec.executor.describe()["computed_in"] == {"f32": 1, "bf16": 2}  # OpenVINO's own report
     assert "its first 3 of 8 layers in fp32" in precisions_summary(artifact)
+    shown = run_cli("inspect", str(path))
+    assert "its first 3 of 8 layers in fp32 (a mixed artifact)" in shown.stdout, shown.stdout + shown.stderr
     x = (1000.0 + np.random.default_rng(5).standard_normal((1, 3, 32, 32))).astype(np.float32)
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()

@@ -147,6 +147,11 @@ def _reduced(artifact: Dict[str, Any]) -> None:
         if worst else "not measured"
     out.print("  {}     {}; gate {} ({}); on {}".format(artifact["precision"], measured, gate or "-",
                                                      accuracy.get("gate_source", "?"), accuracy.get("inputs", "?")))
+    record = artifact.get(artifact.get("backend", ""))
+    kept = record.get("fp32_layers") if isinstance(record, dict) else None
+    if isinstance(kept, dict):
+        out.print("           its first {} of {} layers in fp32 (a mixed artifact)".format(
+            kept.get("first", "?"), kept.get("of", "?")))
 
 
 def _no_gpu_code(record: Dict[str, Any], shown: int = 10) -> None:
