@@ -180,7 +180,6 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
              listed: Sequence[Any], quantization: Optional[Any], accuracy: Optional[Any], probe: Probe) -> Artifact:
     """The candidate with the fewest guest instructions per call on the emulated board among those whose outputs
     there pass their check, with `meta["selection"]` saying what was measured and how ("emulated")."""
-    from edgedyn.turns import attempt
 
     measurement = Measurement(board, listed, probe, step)
     counts = {}  # type: Dict[str, Dict[str, Any]]
@@ -189,41 +188,13 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
     missed = []  # type: List[str]
     try:
         # Built and staged here, one after another; then run on the emulated board JOBS at a time (each a
-        # single-threaded qemu process, its count exact whatever runs beside it); judged in the listed order.
-        staged = []  # type: List[Tuple[Any, Artifact, Any, Any, int]]
-        for candidate in listed:
-            label = candidate.label
-            step("building {} with {} for {}".format(spec.name, candidate.words, board.name))
-            artifact = attempt(label, lambda: build(candidate), rejected)
-            if artifact is None:
-                step("{}: skipped ({})".format(label, rejected[label]))
-                continue
-            batches, judge = _evaluation(candidate, artifact, spec, quantization, accuracy)
-            files = attempt(label, lambda: measurement.stage(label, artifact, batches), rejected)
-            if files is None:
-                step("{}: rejected ({})".format(label, rejected[label]))
-                continue
-            staged.append((candidate, artifact, judge, files, len(batches)))
-        jobs = emulation_jobs(len(staged))
-        step("running and counting {} candidate(s) on the emulated {} (qemu -cpu {}), {} at a time".format(
-            len(staged), board.name, board.qemu_cpu, jobs))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_attempt_run, measurement, candidate.label, files, n)
-                       for candidate, _, _, files, n in staged]
-            for (candidate, artifact, judge, _, _), future in zip(staged, futures):
-                label = candidate.label
-                ran, failure = future.result()
-                if failure is not None:
-                    rejected[label] = failure
-                elif attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected) is None:
-                    if candidate.precision != "fp32" and "misses" in rejected.get(label, ""):
-                        missed.append(label)
-                else:
-                    count = measurement.count(label)
-                    step("{}: {:,.0f} instructions per call".format(label, count["per_call"]))
-                    counts[label], chosen_artifacts[label] = count, (candidate, artifact)
-                    continue
-                step("{}: rejected ({})".format(label, rejected[label]))
+        # single-threaded qemu process, its count exact whatever runs beside it); judged in the listed order. A
+        # reduced precision that mixes comes back for another round with some of its first layers in fp32
+        # (candidates.more_fp32) after it met or missed its gate.
+        pending = list(listed)
+        while pending:
+            pending = _round(pending, build, board, spec, step, quantization, accuracy, measurement, counts,
+                             chosen_artifacts, rejected, missed)
     finally:
         measurement.close()
     if not counts:
@@ -247,6 +218,55 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
         "rejected": rejected, "board": board.name, "cpu": board.qemu_cpu, "label": sample.get("label"),
         "calls_counted": sample.get("calls"), "plugin": sample.get("plugin")})
     return artifact
+
+
+def _round(listed: Sequence[Any], build: Callable[[Any], Artifact], board: Board, spec: Any,
+           step: Callable[[str], None], quantization: Optional[Any], accuracy: Optional[Any],
+           measurement: "Measurement", counts: Dict[str, Dict[str, Any]],
+           chosen_artifacts: Dict[str, Tuple[Any, Artifact]], rejected: Dict[str, str], missed: List[str]) -> List[Any]:
+    """One round of on_board: `listed` built, staged, run and judged, the verified counted into `counts`; returns
+    the candidates of the next round (the mixed tries after a reduced precision met or missed its gate)."""
+    from edgedyn.candidates import more_fp32
+    from edgedyn.turns import attempt
+
+    staged = []  # type: List[Tuple[Any, Artifact, Any, Any, int]]
+    for candidate in listed:
+        label = candidate.label
+        step("building {} with {} for {}".format(spec.name, candidate.words, board.name))
+        artifact = attempt(label, lambda: build(candidate), rejected)
+        if artifact is None:
+            step("{}: skipped ({})".format(label, rejected[label]))
+            continue
+        batches, judge = _evaluation(candidate, artifact, spec, quantization, accuracy)
+        files = attempt(label, lambda: measurement.stage(label, artifact, batches), rejected)
+        if files is None:
+            step("{}: rejected ({})".format(label, rejected[label]))
+            continue
+        staged.append((candidate, artifact, judge, files, len(batches)))
+    jobs = emulation_jobs(len(staged))
+    step("running and counting {} candidate(s) on the emulated {} (qemu -cpu {}), {} at a time".format(
+        len(staged), board.name, board.qemu_cpu, jobs))
+    following = []  # type: List[Any]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(_attempt_run, measurement, candidate.label, files, n)
+                   for candidate, _, _, files, n in staged]
+        for (candidate, artifact, judge, _, _), future in zip(staged, futures):
+            label = candidate.label
+            ran, failure = future.result()
+            if failure is not None:
+                rejected[label] = failure
+            elif attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected) is None:
+                if candidate.precision != "fp32" and "misses" in rejected.get(label, ""):
+                    missed.append(label)
+                    following += more_fp32(candidate, False)
+            else:
+                count = measurement.count(label)
+                step("{}: {:,.0f} instructions per call".format(label, count["per_call"]))
+                counts[label], chosen_artifacts[label] = count, (candidate, artifact)
+                following += more_fp32(candidate, True)
+                continue
+            step("{}: rejected ({})".format(label, rejected[label]))
+    return following
 
 
 def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Optional[Any],
