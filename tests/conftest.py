@@ -171,6 +171,29 @@ def assert_matches_torch(program: Any, name: str, seed: int = 1000, calls: int =
                                    err_msg="{} specialization {}".format(name, spec.name))
 
 
+def raw_sensor_model(offset: float = 1000.0, size: int = 32) -> Tuple[Any, tuple]:
+    """(a small CNN on raw 10-bit sensor values, its example input): values around `offset` with a spread of 1, the
+    offset taken off by the first convolution's bias. A reduced precision rounds the input itself (bf16 keeps 8 bits
+    of mantissa, fp16 11: steps of 4 and 0.5 at 1000), so its error is all in the first layer, and the layers after
+    it see values of order one: what keeping the first layers in fp32 (candidates.more_fp32) repairs."""
+    import torch
+
+    class RawSensor(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                            torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                                            torch.nn.Conv2d(16, 8, 3, padding=1))
+            with torch.no_grad():
+                self.body[0].bias.copy_(-offset * self.body[0].weight.sum((1, 2, 3)))
+
+        def forward(self, x: Any) -> Any:
+            return self.body(x)
+
+    torch.manual_seed(0)
+    return RawSensor().eval(), (offset + torch.randn(1, 3, size, size),)
+
+
 def with_precision(bundle: Path, precision: str, output: Path) -> Path:
     """A copy of `bundle` whose artifacts record `precision` (and no fp32 tolerance): for backends whose files are
     the same in every precision (ncnn's), the artifact `auto` would build for a board whose gate runs there."""

@@ -13,7 +13,7 @@ from edgedyn.runtime import precision as precisions
 from edgedyn.runtime.errors import BundleError
 from edgedyn.runtime.executors.openvino_ir import check_ir
 
-from conftest import ALL_MODELS, EXAMPLES, RTOL, assert_matches_torch, require
+from conftest import ALL_MODELS, EXAMPLES, RTOL, assert_matches_torch, raw_sensor_model, require
 
 pytestmark = pytest.mark.requires("openvino", "onnx")
 BF16_HERE = precisions.is_native("bf16", "x86_64", precisions.host_features())
@@ -148,23 +148,6 @@ def test_a_reduced_precision_that_misses_the_gate_is_dropped_with_its_numbers(tm
     assert not (tmp_path / "n.edgedyn").exists()
 
 
-class _RawSensor(torch.nn.Module):
-    """Raw 10-bit sensor values (around 1000, spread 1) whose offset the first convolution's bias takes off: bf16
-    keeps 8 bits of mantissa, so the rounding of the input is all in that first layer, and the layers after it see
-    values of order one."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
-                                        torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
-                                        torch.nn.Conv2d(16, 8, 3, padding=1))
-        with torch.no_grad():
-            self.body[0].bias.copy_(-1000.0 * self.body[0].weight.sum((1, 2, 3)))
-
-    def forward(self, x):
-        return self.body(x)
-
-
 MIXED_GATE = "cosine=0.99995"
 
 
@@ -174,9 +157,7 @@ def test_a_bf16_that_misses_the_gate_keeps_its_first_layers_in_fp32(tmp_path, ru
     meet the gate on fresh inputs. auto records the all-bf16 miss beside the mixed candidate it measured."""
     require(BF16_HERE, "needs a CPU with AVX512_BF16 or AMX", "run it on such a CPU (Zen 4, Cooper Lake, Sapphire "
                                                                "Rapids or newer)")
-    torch.manual_seed(0)
-    model = _RawSensor().eval()
-    example = (1000.0 + torch.randn(1, 3, 32, 32),)
+    model, example = raw_sensor_model()
     path = edgedyn.export(model, example, backend="openvino", precision="bf16", max_accuracy_drop=MIXED_GATE,
                           output=tmp_path / "m.edgedyn")
     (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
