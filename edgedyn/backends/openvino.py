@@ -2,8 +2,10 @@
 torch's exporter writes for the onnxruntime backend (or, when that export fails, from the ExportedProgram itself).
 
 The artifact records its precision (`build.precision`: fp32, bf16 or fp16) and the executor asks OpenVINO for
-exactly that. Under --quantize, NNCF quantizes the converted model first (edgedyn/quantize/openvino.py). A reduced-precision IR stores its weights in fp16 (half the bytes; OpenVINO computes in the
-requested precision either way), and is held to the float accuracy gate by `auto` (edgedyn/selection.py).
+exactly that. Under --quantize, NNCF quantizes the converted model first (edgedyn/quantize/openvino.py). A
+reduced-precision IR stores its weights in fp16 (half the bytes; OpenVINO computes in the requested precision
+either way; fp32 when its first layers stay fp32: `keep_first_layers_fp32`), and is held to the float accuracy
+gate by `auto` (edgedyn/selection.py).
 The IR is plain XML and raw weights: no pickle, read by OpenVINO 2024.0 and newer (Python 3.8 boards stop there).
 """
 import tempfile
