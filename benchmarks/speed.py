@@ -421,14 +421,12 @@ def worker(task_path: str) -> None:
 
 
 def failure(error: BaseException) -> Dict[str, Any]:
-    """A failed variant's record: its first line for the table, the whole message (an export's refusal lists every
-    candidate it measured on the lines after the first) and edgedyn's hint for the JSON."""
+    """A failed variant's record: its first line for the table, and for the JSON the whole message (an export's
+    refusal lists every candidate it measured on the lines after the first; an EdgedynError's ends with its hint)."""
     text = str(error).strip()
     record = {"error": "{}: {}".format(type(error).__name__, (text.splitlines() or [""])[0])}
     if "\n" in text:
         record["message"] = text
-    if getattr(error, "hint", None):
-        record["hint"] = str(error.hint)
     return record
 
 
@@ -512,7 +510,7 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> Dict[str,
             entry["cosine"] = next((r["cosine"] for r in results if "cosine" in r), None)
         failed = [r for r in results if "error" in r]
         if failed:
-            entry.update({key: failed[0][key] for key in ("error", "message", "hint") if key in failed[0]})
+            entry.update({key: failed[0][key] for key in ("error", "message") if key in failed[0]})
         record["variants"][variant] = entry
     add_speedups(record)
     return record

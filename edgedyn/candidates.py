@@ -27,8 +27,9 @@ INT8 = "int8"
 
 # The shares of a reduced-precision artifact's first layers kept in fp32 when the whole artifact misses its float gate
 # on a backend that mixes (Backend.mixes): a rounding near the inputs has the whole network to grow through
-# (DeepLabV3-MobileNetV3 in bf16 on OpenVINO: cosine 0.9969 to torch, 0.9991 with the first tenth of its layers in
-# fp32, 0.9996 with the first fifth; timed within 3% of all-bf16 on this VM). The largest is tried first: when even
+# (DeepLabV3-MobileNetV3 in bf16 on OpenVINO: cosine 0.9965 to torch, 0.9990 with the first tenth of its layers in
+# fp32; those are its convolutions at 128x128, ~30% slower than all-bf16, still 1.17x onnxruntime's fp32 in
+# benchmarks/README.md). The largest is tried first: when even
 # half the layers in fp32 miss, no share will do (one build spent, not four); when it passes, the smaller ones in
 # turn up to the first that passes. Above half, fp32 would be about as fast.
 FP32_SHARES = (0.1, 0.2, 0.35, 0.5)

@@ -7,6 +7,7 @@ from rich.table import Table
 from typing_extensions import Annotated
 
 from edgedyn.cli.common import JsonOption, emit_json, human_bytes, out, output_folder
+from edgedyn.runtime.precision import fp32_layers_words
 
 
 def inspect_command(
@@ -147,11 +148,9 @@ def _reduced(artifact: Dict[str, Any]) -> None:
         if worst else "not measured"
     out.print("  {}     {}; gate {} ({}); on {}".format(artifact["precision"], measured, gate or "-",
                                                      accuracy.get("gate_source", "?"), accuracy.get("inputs", "?")))
-    record = artifact.get(artifact.get("backend", ""))
-    kept = record.get("fp32_layers") if isinstance(record, dict) else None
-    if isinstance(kept, dict):
-        out.print("           its first {} of {} layers in fp32 (a mixed artifact)".format(
-            kept.get("first", "?"), kept.get("of", "?")))
+    mixed = fp32_layers_words(artifact)
+    if mixed:
+        out.print("           {} (a mixed artifact)".format(mixed))
 
 
 def _no_gpu_code(record: Dict[str, Any], shown: int = 10) -> None:

@@ -25,7 +25,7 @@ from edgedyn import calibration as calibration_data
 from edgedyn.errors import EdgedynError
 from edgedyn.quantize.accuracy import (DETECTION_DROP, Gate, compare_outputs, detection_words, misses_of, parse_gate,
                                        rows_differ)
-from edgedyn.runtime.precision import FP32, PRECISIONS
+from edgedyn.runtime.precision import FP32, PRECISIONS, fp32_layers_words
 
 AUTO = "auto"
 CHOICES = (AUTO,) + PRECISIONS
@@ -145,10 +145,9 @@ def summary(artifact: Dict[str, Any]) -> Optional[str]:
     if precision == FP32 or precision not in PRECISIONS or artifact.get("device", "cpu") != "cpu":
         return None
     parts = ["{} in {}".format(artifact["backend"], precision)]
-    record = artifact.get(artifact["backend"])
-    kept = record.get("fp32_layers") if isinstance(record, dict) else None
-    if isinstance(kept, dict) and "first" in kept and "of" in kept:
-        parts[0] += " (its first {} of {} layers in fp32)".format(kept["first"], kept["of"])
+    mixed = fp32_layers_words(artifact)
+    if mixed:
+        parts[0] += " ({})".format(mixed)
     fastest = (artifact.get("selection") or {}).get("fastest_by_precision") or {}
     if precision in fastest and FP32 in fastest:
         parts.append("{:.2f}x the speed of fp32 ({:.3g} against {} {:.3g} ms, timed in turns)".format(

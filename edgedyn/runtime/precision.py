@@ -11,7 +11,7 @@ Standard library only, Python 3.8 syntax: this runs on the board.
 import ctypes
 import ctypes.util
 import platform
-from typing import FrozenSet, Iterable, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, Optional, Tuple
 
 FP32 = "fp32"
 PRECISIONS = ("fp32", "bf16", "fp16")  # the CPU float precisions, in the order `auto` considers them
@@ -113,3 +113,13 @@ def effective(precision: str, arch: str, features: Optional[Iterable[str]] = Non
         return precision, None
     return FP32, "{} artifact computes in fp32 here: this CPU lacks {}".format(precision,
                                                                               missing_words(precision, arch))
+
+
+def fp32_layers_words(artifact: Dict[str, Any]) -> Optional[str]:
+    """"its first N of M layers in fp32" for a mixed artifact's manifest record (its backend's `fp32_layers`, e.g.
+    OpenVINO's: edgedyn/candidates.py FP32_SHARES), None for any other."""
+    record = artifact.get(artifact.get("backend", ""))
+    kept = record.get("fp32_layers") if isinstance(record, dict) else None
+    if not isinstance(kept, dict):
+        return None
+    return "its first {} of {} layers in fp32".format(kept.get("first", "?"), kept.get("of", "?"))
