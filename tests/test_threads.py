@@ -75,3 +75,29 @@ def test_each_thread_has_its_own_portable_arena(export_example: Any) -> None:
     worker.start()
     worker.join()
     assert arenas[0].ctypes.data != executor.arena.ctypes.data
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_are_the_callers_and_inputs_are_left_alone(export_example: Any, backend: str) -> None:
+    """Executors may read the caller's arrays in place and hand back their own memory (OpenVINO's shared tensors):
+    a call's outputs must survive the next call, the inputs must be unchanged, and read-only or strided inputs
+    must compute what contiguous copies do."""
+    program = rt.load(export_example("tiny_cnn", backend=backend))
+    first, second = _inputs(program, 1), _inputs(program, 2)
+    kept = {name: np.array(value) for name, value in first.items()}
+    out = program(**first)
+    out_copy = np.array(out)
+    again = program(**second)
+    assert np.array_equal(out, out_copy), "the second call changed the first call's outputs"
+    assert not np.array_equal(again, out_copy), "two different inputs gave the same outputs"
+    assert all(np.array_equal(first[name], kept[name]) for name in kept), "the call changed its inputs"
+    odd = {}
+    for name, value in first.items():
+        if isinstance(value, np.ndarray) and value.ndim:
+            wide = np.zeros(value.shape[:-1] + (2 * value.shape[-1],), value.dtype)
+            wide[..., ::2] = value
+            odd[name] = wide[..., ::2]  # strided: not contiguous
+            odd[name].flags.writeable = False
+        else:
+            odd[name] = value
+    assert np.array_equal(program(**odd), out_copy)
