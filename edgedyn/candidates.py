@@ -28,8 +28,8 @@ INT8 = "int8"
 # The shares of a reduced-precision artifact's first layers kept in fp32 when the whole artifact misses its float gate
 # on a backend that mixes (Backend.mixes): a rounding near the inputs has the whole network to grow through
 # (DeepLabV3-MobileNetV3 in bf16 on OpenVINO: cosine 0.9965 to torch, 0.9990 with the first tenth of its layers in
-# fp32; those are its convolutions at 128x128, ~30% slower than all-bf16, still 1.17x onnxruntime's fp32 in
-# benchmarks/README.md). The largest is tried first: when even
+# fp32, its convolutions at 128x128: 7% slower than all-bf16 in one process; past its first ten convolutions no
+# one of them in f32 gains more than 0.0001, so no cheaper choice than a prefix passes: benchmarks/mixed_layers.py). The largest is tried first: when even
 # half the layers in fp32 miss, no share will do (one build spent, not four); when it passes, the smaller ones in
 # turn up to the first that passes. Above half, fp32 would be about as fast.
 FP32_SHARES = (0.1, 0.2, 0.35, 0.5)
@@ -55,6 +55,12 @@ class Candidate:
     def words(self) -> str:
         words = self.backend if self.precision == FP32 else "{} in {}".format(self.backend, self.precision)
         return words + (" with its first {:.0%} of layers in fp32".format(self.fp32_share) if self.fp32_share else "")
+
+
+def missed_gate(candidate: Candidate, reason: str) -> bool:
+    """Whether a reduced-precision candidate was rejected for its numbers (its gate missed, or values beyond the
+    precision's range), which keeping its first layers in fp32 may mend (more_fp32)."""
+    return candidate.precision in REDUCED and " misses " in reason
 
 
 def more_fp32(candidate: Candidate, passed: bool) -> List[Candidate]:
@@ -222,6 +228,8 @@ def checked(stack: contextlib.ExitStack, candidate: Candidate, artifact: Artifac
     onnxruntime dynamic-int8 one 0.9997); one that misses must cost the user neither the export nor the others."""
     label = candidate.label
     executor = attempt(label, lambda: _open_checked(stack, artifact, spec), rejected)
+    if executor is None and missed_gate(candidate, rejected[label]):  # beyond its range on the example inputs
+        missed.append(label)
     gate = None  # type: Optional[Callable[[], Any]]
     if executor is not None and candidate.precision == INT8 and getattr(quantization, "held_out", None) is not None:
         gate = lambda: quantization.held_out(candidate.backend, executor.run)  # noqa: E731
@@ -295,8 +303,14 @@ def _check_sane(artifact: Artifact, outputs: List[np.ndarray], expected: List[np
         if np.shape(got) != np.shape(want):
             raise BackendError("{} output {}: shape {} != expected {}".format(
                 artifact.backend, index, np.shape(got), np.shape(want)))
+        finite = bool(np.all(np.isfinite(got)))
+        if not finite and precision in REDUCED:  # fp16's largest is 65504: a range to keep, not a broken build
+            raise BackendError("{} in {} misses the float accuracy gate: output {} has values beyond {}'s range "
+                               "(inf or nan)".format(artifact.backend, precision, index, precision),
+                               hint="its first layers in fp32 may keep them in range (`auto` tries that on "
+                                    "backends that mix); or --precision fp32")
         cosine = 1.0 if index in listed else output_metrics([got], [want])["cosine"]
-        if not np.all(np.isfinite(got)) or cosine < SANITY_COSINE:
+        if not finite or cosine < SANITY_COSINE:
             raise BackendError("{} ({}) output {} has cosine {:.3f} to torch eager, below {}: a broken artifact, not "
                                "{} rounding".format(artifact.backend, precision, index, cosine, SANITY_COSINE,
                                                     precision))

@@ -226,7 +226,7 @@ def _round(listed: Sequence[Any], build: Callable[[Any], Artifact], board: Board
            chosen_artifacts: Dict[str, Tuple[Any, Artifact]], rejected: Dict[str, str], missed: List[str]) -> List[Any]:
     """One round of on_board: `listed` built, staged, run and judged, the verified counted into `counts`; returns
     the candidates of the next round (the mixed tries after a reduced precision met or missed its gate)."""
-    from edgedyn.candidates import more_fp32
+    from edgedyn.candidates import missed_gate, more_fp32
     from edgedyn.turns import attempt
 
     staged = []  # type: List[Tuple[Any, Artifact, Any, Any, int]]
@@ -256,7 +256,7 @@ def _round(listed: Sequence[Any], build: Callable[[Any], Artifact], board: Board
             if failure is not None:
                 rejected[label] = failure
             elif attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected) is None:
-                if candidate.precision != "fp32" and "misses" in rejected.get(label, ""):
+                if missed_gate(candidate, rejected.get(label, "")):
                     missed.append(label)
                     following += more_fp32(candidate, False)
             else:

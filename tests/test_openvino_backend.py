@@ -228,6 +228,10 @@ def test_first_layers_are_marked_fp32_in_the_ir_and_nothing_else_changes():
         0, 0, 1, 2, 0, 1, 0, 0]
     assert marked["Add"] == [{"name": "fused_names", "version": "0", "value": "x"}, mark]  # kept beside its own
     assert keep_first_layers_fp32(xml, 1.0)[1:] == (4, 4) and keep_first_layers_fp32(xml, 0.1)[1:] == (3, 4)
+    from edgedyn.backends.openvino import computing_groups  # the units benchmarks/mixed_layers.py marks one by one
+
+    assert [[layer.get("id") for layer in group] for group in computing_groups(ElementTree.fromstring(xml))] == [
+        ["2", "3", "5"], ["6"]]
 
 
 def test_precisions_another_board_cannot_measure_here_are_refused_in_words(tmp_path, monkeypatch):

@@ -131,23 +131,43 @@ def keep_first_layers_fp32(xml: bytes, share: float) -> Tuple[bytes, int, int]:
     product, how many were marked, how many compute). An IR lists its layers in topological order: the first ones
     are those nearest the inputs, where a reduced precision's rounding has the whole network to grow through
     (DeepLabV3-MobileNetV3 in bf16: cosine 0.9969 to torch with every layer bf16, 0.9991 with the first tenth fp32,
-    0.9998 with half)."""
+    0.9998 with half; benchmarks/mixed_layers.py measures each convolution group alone)."""
     import math
     import xml.etree.ElementTree as ElementTree
 
     root = ElementTree.fromstring(xml)
-    computing = [layer for layer in root.iter("layer") if layer.get("type") not in NOT_COMPUTING]
+    computing = [layer for group in computing_groups(root) for layer in group]
     count = min(len(computing), int(math.ceil(share * len(computing))))
     while count < len(computing) and computing[count].get("type") not in GROUP_STARTS:
         count += 1
+    mark_fp32(computing[:count])
+    return ElementTree.tostring(root, encoding="utf-8"), count, len(computing)
+
+
+def computing_groups(root: Any) -> List[List[Any]]:
+    """The computing layers of a parsed IR in order, cut before each layer of GROUP_STARTS: the units a mixed
+    artifact may keep in fp32 (the first group also holds whatever computes before the first convolution)."""
+    groups = []  # type: List[List[Any]]
+    for layer in root.iter("layer"):
+        if layer.get("type") in NOT_COMPUTING:
+            continue
+        if not groups or layer.get("type") in GROUP_STARTS:
+            groups.append([])
+        groups[-1].append(layer)
+    return groups
+
+
+def mark_fp32(layers: List[Any]) -> None:
+    """Marks each layer (an IR's <layer> element) with KEEP_FP32, beside any runtime attributes it has."""
+    import xml.etree.ElementTree as ElementTree
+
     name, version, value = KEEP_FP32
-    for layer in computing[:count]:
+    for layer in layers:
         info = layer.find("rt_info")
         if info is None:
             info = ElementTree.Element("rt_info")
             layer.insert(0, info)
         ElementTree.SubElement(info, "attribute", {"name": name, "version": version, "value": value})
-    return ElementTree.tostring(root, encoding="utf-8"), count, len(computing)
 
 
 def _release(version: str) -> str:

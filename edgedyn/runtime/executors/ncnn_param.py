@@ -33,6 +33,7 @@ MAX_TOKEN = 255  # ncnn scans names with %255s
 MAX_VALUE = 15  # and each parameter value with %15[^,\n ]
 PARAM_IDS = 32  # NCNN_MAX_PARAM_COUNT
 SHAPE_HINTS = 30  # top-blob shape hints: edgedyn's files carry none, and ncnn reads them without a bound
+FEATMASK, FEATMASK_BITS = 31, 0xFF  # a layer's options turned off (ncnn's 8 bits: fp16, bf16, int8, vulkan, ...)
 MAX_ARRAY = 4096
 MAX_INT = 1 << 24  # any integer parameter: dims, axes, counts (weight sizes are checked against the .bin instead)
 FP32_TAG, FP16_TAG = 0, 0x01306B47  # the tags ncnn's ModelBin reads before a tagged array, in edgedyn's files
@@ -210,6 +211,10 @@ def _check_values(layer: Layer, label: str, where: str) -> None:
         if key not in weighted and any(isinstance(v, int) and abs(v) > MAX_INT for v in items):
             raise _bad(label, "{}: parameter {} = {} is beyond +-{}".format(where, key, schema.short(value, 40),
                                                                             MAX_INT))
+    mask = layer.params.get(FEATMASK, 0)
+    if not isinstance(mask, int) or not 0 <= mask <= FEATMASK_BITS:
+        raise _bad(label, "{}: feature mask {} is not one of ncnn's (0-{})".format(where, schema.short(mask, 40),
+                                                                                   FEATMASK_BITS))
     get = _getter(layer.params)
     for key, default in POSITIVE.get(layer.type, ()):
         if get(key, default) < 1:
