@@ -92,7 +92,7 @@ BACKENDS = {
         extra="export,ncnn-export", board_extra="ncnn", overhead_bytes=36 * MB, overhead_import="import ncnn; ncnn.Net()",
         general=False, pipeline="onnxruntime",
         no_int8_reason="edgedyn's ncnn backend has no int8 path yet (ncnn's int8 needs its own calibration table)",
-        threads_per_model=True, precisions=(("fp16", ("aarch64",)),), mixes=True,
+        threads_per_model=True, precisions=(("fp16", ("aarch64",)),),
         summary="an ncnn model converted by pnnx, run by ncnn on the CPU, in fp32 or fp16 (Arm v8.2 cores)"),
     "onnxruntime": Backend(
         name="onnxruntime", lower="edgedyn.backends.onnxruntime:lower", executor="onnxruntime", devices=("cpu",),

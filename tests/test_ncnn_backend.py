@@ -142,12 +142,12 @@ TINY_SHAPES = {"x": (3, 64, 64)}
                                                                    "layer makes it"),
     (lambda p: p.replace(b"0=10 ", b"0=10 9=\"abc\" ", 1), None, "value '\"abc\"' is not a number"),
     (lambda p: p.replace(b"0=10 ", b"0=10 30=4,1,1,1 ", 1), None, "parameter id 30 (ids are 0-31, each once; no "
-                                                                  "shape hints)"),
+                                                                  "shape hints or feature masks)"),
+    (lambda p: p.replace(b"6=432", b"6=432 31=3", 1), None, "parameter id 31 (ids are 0-31, each once; no shape "
+                                                            "hints or feature masks)"),
     (lambda p: p.replace(b"-23310=2,", b"-23310=9,", 1), None, "array -23310 says 9 items and holds 2"),
     (lambda p: p.replace(b"0=10 ", b"0=0 ", 1), None, "parameter 0 must be at least 1, got 0"),
     (lambda p: p.replace(b"6=432", b"6=432 8=1", 1), None, "an int8 layer; edgedyn's ncnn files are float"),
-    (lambda p: p.replace(b"6=432", b"6=432 31=256", 1), None, "feature mask 256 is not one of ncnn's (0-255)"),
-    (lambda p: p.replace(b"6=432", b"6=432 31=1.5", 1), None, "feature mask 1.5 is not one of ncnn's (0-255)"),
     (None, lambda w: w[:-4], "10 weights at bytes 22928..22968 lie outside the 22964-byte .bin"),
     (None, lambda w: b"\x78\x56\x34\x12" + w[4:], "weights tagged 0x12345678 at byte 0; edgedyn writes fp32 (0) or "
                                                   "fp16 (0x1306b47)"),
@@ -187,27 +187,6 @@ def test_board_options_reach_the_artifact_and_bad_ones_are_refused():
     with pytest.raises(EdgedynError) as raised:
         dataclasses.replace(load_board("raspberry-pi-5"), ncnn_options={"use_fp16_arithmetic": True})
     assert "ncnn" in raised.value.message and "use_fp16_arithmetic" in raised.value.message
-
-
-def test_a_mixed_artifact_masks_fp16_off_on_its_first_computing_layers(ncnn_bundle):
-    """ncnn's per-layer feature mask (31=3: no fp16 arithmetic, no fp16 storage) on the first share of the layers
-    that compute, in the file's order; inputs and Split's copies are not counted, a mask already there is kept."""
-    from edgedyn.backends.ncnn import keep_first_layers_fp32
-
-    rows = ["Input in0 0 1 x", "Convolution c0 1 1 x a 0=4 1=3 6=108", "Split s 1 2 a a0 a1",
-            "ReLU r0 1 1 a0 b 31=4", "Convolution c1 1 1 b c 0=4 1=1 6=16", "BinaryOp add 2 1 c a1 out 0=0"]
-    param = "\n".join(["7767517", "6 8"] + rows + [""]).encode("ascii")
-    out, kept, total = keep_first_layers_fp32(param, 0.5)
-    assert (kept, total) == (2, 4)
-    lines = out.decode("ascii").splitlines()
-    assert lines[:2] == ["7767517", "6 8"] and lines[2] == rows[0] and lines[4] == rows[2]
-    assert lines[3] == rows[1] + " 31=3" and lines[5] == "ReLU r0 1 1 a0 b 31=7"  # 4 | 3: the mask it had, kept
-    assert lines[6:] == rows[4:]
-    assert keep_first_layers_fp32(param, 1.0)[1:] == (4, 4) and keep_first_layers_fp32(param, 0.1)[1:] == (1, 4)
-    real, weights = _model_files(ncnn_bundle)  # edgedyn's checker takes what the backend writes
-    marked, kept, total = keep_first_layers_fp32(real, 0.35)
-    assert kept == 3 and len(check_model(marked, weights, "m", TINY_SHAPES)) == 7
-    assert marked.count(b" 31=3") == 3
 
 
 def test_an_older_ncnn_than_the_exports_is_noted():

@@ -655,3 +655,21 @@ def test_auto_measures_every_backend_on_mobilenet_v2_and_keeps_the_fastest(tmp_p
 def test_user_choice_is_recorded(export_example):
     (spec,) = rt.read_manifest(export_example("tiny_cnn", backend="tvm"))["specializations"]
     assert spec["artifacts"][0]["selection"] == {"mode": "user", "requested": "tvm", "precision": "fp32"}
+
+
+def test_a_reduced_precision_output_beyond_its_range_is_a_gate_miss_its_first_layers_may_mend():
+    """fp16 ends at 65504: an fp16 artifact whose outputs hold inf or nan (its fp32 self matched torch) missed the
+    gate, and `auto` tries it with its first layers in fp32 (candidates.missed_gate); in fp32 the same is broken."""
+    from edgedyn.candidates import Candidate, _check_sane, missed_gate
+
+    artifact = dataclasses.make_dataclass("A", [("backend", str)])("openvino")
+    want = [np.array([[1.0, 2.0, 3.0]], np.float32)]
+    with pytest.raises(BackendError) as raised:
+        _check_sane(artifact, [np.array([[1.0, np.inf, 3.0]], np.float32)], want, "fp16", ["output_0"])
+    assert raised.value.message == ("openvino in fp16 misses the float accuracy gate: output 0 has values beyond "
+                                    "fp16's range (inf or nan)")
+    assert missed_gate(Candidate("openvino", "fp16"), raised.value.message)
+    assert not missed_gate(Candidate("openvino"), raised.value.message)  # fp32 has no first layers to keep
+    with pytest.raises(BackendError, match="a broken artifact, not fp32 rounding"):
+        _check_sane(artifact, [np.array([[1.0, np.nan, 3.0]], np.float32)], want, "fp32", ["output_0"])
+    _check_sane(artifact, [want[0] * 1.001], want, "fp16", ["output_0"])  # finite and close: the gate judges it

@@ -80,11 +80,8 @@ def lower(build: Build) -> Artifact:
     param, weights = _convert(pnnx, onnx_model.SerializeToString(), [shape for shape, _ in inputs])
     item_shapes = {name: shape[1:] for name, (shape, _) in zip(build.tensor_inputs, inputs)}
     param = fuse_swish(_named(param, build, list(build.tensor_inputs), output_names))
-    mixed = build.precision != FP32 and build.fp32_share > 0
     try:
         param = fuse_pooled_convolutions(fuse_global_pooling(param, item_shapes), item_shapes)
-        if mixed:
-            param, kept, total = keep_first_layers_fp32(param, build.fp32_share)
         layers = check_model(param, weights, "the ncnn model pnnx wrote", item_shapes)
     except BundleError as error:  # a layer or a shape edgedyn's checker does not take: the runtime would refuse it
         raise BackendError(error.message.replace(" is not a valid ncnn model: ", " fails edgedyn's checks: "),
@@ -97,40 +94,11 @@ def lower(build: Build) -> Artifact:
             "requires": {"python": ["ncnn>={}".format(MIN_NCNN)]}}  # type: Dict[str, Any]
     if build.precision == FP32:
         meta["tolerance"] = dict(FP32_TOLERANCE)
-    if mixed:
-        meta["ncnn"]["fp32_layers"] = {"first": kept, "of": total, "share": build.fp32_share}
     artifact = Artifact(backend="ncnn", executor="ncnn", device="cpu", arch=None,
                         target="ncnn-cpu-{}".format(build.precision), files={"model": param, "weights": weights},
                         file_names={"model": "model.param", "weights": "weights.bin"}, meta=meta)
     _check_against_torch(artifact, build.program, inputs)
     return artifact
-
-
-# The layers a mixed artifact counts and marks: those that compute (not the inputs, constants and Split's copies).
-NOT_COMPUTING = ("Input", "MemoryData", "Split")
-# ncnn's per-layer option mask (parameter 31, "featmask"): bit 0 turns fp16 arithmetic off for the layer, bit 1 fp16
-# storage; ncnn converts each blob to the storage its reader takes, so any layer may be cut from the next.
-FEATMASK, FP32_MASK = 31, 3
-
-
-def keep_first_layers_fp32(param: bytes, share: float) -> Tuple[bytes, int, int]:
-    """(the .param text with its first `share` of computing layers masked to compute and store in fp32, how many
-    were masked, how many compute). pnnx writes layers in topological order: the first are those nearest the inputs,
-    where fp16's rounding has the whole network to grow through (edgedyn/candidates.py FP32_SHARES)."""
-    import math
-
-    lines = param.decode("ascii").splitlines()
-    rows = [line.split() for line in lines[2:] if line.strip()]
-    computing = [row for row in rows if row[0] not in NOT_COMPUTING]
-    count = min(len(computing), int(math.ceil(share * len(computing))))
-    key = "{}=".format(FEATMASK)
-    for row in computing[:count]:
-        at = next((i for i, token in enumerate(row) if token.startswith(key)), None)
-        if at is None:
-            row.append(key + str(FP32_MASK))
-        else:
-            row[at] = key + str(int(row[at][len(key):]) | FP32_MASK)
-    return "\n".join(lines[:2] + [" ".join(row) for row in rows] + [""]).encode("ascii"), count, len(computing)
 
 
 def _tensors(program: Any, which: str) -> List[Tuple[Tuple[int, ...], str]]:

@@ -19,7 +19,7 @@ import numpy as np
 from edgedyn.runtime import precision as precisions
 from edgedyn.runtime import schema
 from edgedyn.runtime.errors import BundleError, MissingDependencyError
-from edgedyn.runtime.executors.ncnn_param import FEATMASK, Layer, check_model
+from edgedyn.runtime.executors.ncnn_param import Layer, check_model
 from edgedyn.runtime.format import host_arch
 
 _HINT = "pip install 'edgedyn[ncnn]'"
@@ -129,8 +129,6 @@ class NcnnExecutor:
             opt.num_threads = int(options_["threads"])
         self._threads = int(opt.num_threads)
         _load(self._net, param, weights, label)
-        # A mixed artifact's layers that ncnn keeps in fp32 (fp16 arithmetic and storage masked off: bits 0 and 1).
-        self._fp32_layers = sum(1 for layer in layers if layer.params.get(FEATMASK, 0) & 3 == 3)
         self._copy = [_read_in_place(layers, name) for name in self._inputs]
         self._called_shapes = [(self._batch,) + shape for shape in self._input_shapes]
         self._extracted = [(name, (1,) + shape, int(np.prod(shape, dtype=np.int64)))
@@ -180,8 +178,6 @@ class NcnnExecutor:
                      "fp16": {key[4:]: bool(getattr(opt, key)) for key in FP16_OPTIONS}, "batch_runs": self._batch}
         if host_arch() == "aarch64":
             described["cpu_fp16"] = bool(self._ncnn.cpu_support_arm_asimdhp())  # what ncnn itself sees
-        if self._precision == "fp16" and self._fp32_layers:
-            described["fp32_layers"] = self._fp32_layers
         if self._why_not:
             described["precision_note"] = self._why_not
         if self._version_note:

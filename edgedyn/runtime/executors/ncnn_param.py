@@ -33,7 +33,10 @@ MAX_TOKEN = 255  # ncnn scans names with %255s
 MAX_VALUE = 15  # and each parameter value with %15[^,\n ]
 PARAM_IDS = 32  # NCNN_MAX_PARAM_COUNT
 SHAPE_HINTS = 30  # top-blob shape hints: edgedyn's files carry none, and ncnn reads them without a bound
-FEATMASK, FEATMASK_BITS = 31, 0xFF  # a layer's options turned off (ncnn's 8 bits: fp16, bf16, int8, vulkan, ...)
+# A layer's feature mask (options such as fp16 storage turned off for it alone): edgedyn's files carry none, and
+# ncnn 1.0.20261020 computes NaN or crashes (SIGSEGV) at some cuts between fp16 and fp32 layers it makes (timm's
+# MobileNetV4 on the emulated Pi 5, 2026-12-04).
+FEATMASK = 31
 MAX_ARRAY = 4096
 MAX_INT = 1 << 24  # any integer parameter: dims, axes, counts (weight sizes are checked against the .bin instead)
 FP32_TAG, FP16_TAG = 0, 0x01306B47  # the tags ncnn's ModelBin reads before a tagged array, in edgedyn's files
@@ -180,8 +183,8 @@ def _params(tokens: Sequence[str], label: str, where: str) -> Params:
         number = int(key)
         array = number <= -23300
         number = -number - 23300 if array else number
-        if not 0 <= number < PARAM_IDS or number == SHAPE_HINTS or number in params:
-            raise _bad(label, "{}: parameter id {} (ids are 0-{}, each once; no shape hints)".format(
+        if not 0 <= number < PARAM_IDS or number in (SHAPE_HINTS, FEATMASK) or number in params:
+            raise _bad(label, "{}: parameter id {} (ids are 0-{}, each once; no shape hints or feature masks)".format(
                 where, key, PARAM_IDS - 1))
         values = [_number(v, label, where) for v in text.split(",")]
         if array:
@@ -211,10 +214,6 @@ def _check_values(layer: Layer, label: str, where: str) -> None:
         if key not in weighted and any(isinstance(v, int) and abs(v) > MAX_INT for v in items):
             raise _bad(label, "{}: parameter {} = {} is beyond +-{}".format(where, key, schema.short(value, 40),
                                                                             MAX_INT))
-    mask = layer.params.get(FEATMASK, 0)
-    if not isinstance(mask, int) or not 0 <= mask <= FEATMASK_BITS:
-        raise _bad(label, "{}: feature mask {} is not one of ncnn's (0-{})".format(where, schema.short(mask, 40),
-                                                                                   FEATMASK_BITS))
     get = _getter(layer.params)
     for key, default in POSITIVE.get(layer.type, ()):
         if get(key, default) < 1:
