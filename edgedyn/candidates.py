@@ -28,10 +28,10 @@ INT8 = "int8"
 # The shares of a reduced-precision artifact's first layers kept in fp32 when the whole artifact misses its float gate
 # on a backend that mixes (Backend.mixes): a rounding near the inputs has the whole network to grow through
 # (DeepLabV3-MobileNetV3 in bf16 on OpenVINO: cosine 0.9965 to torch, 0.9990 with the first tenth of its layers in
-# fp32, its convolutions at 128x128: 7% slower than all-bf16 in one process; past its first ten convolutions no
-# one of them in f32 gains more than 0.0001, so no cheaper choice than a prefix passes: benchmarks/mixed_layers.py). The largest is tried first: when even
-# half the layers in fp32 miss, no share will do (one build spent, not four); when it passes, the smaller ones in
-# turn up to the first that passes. Above half, fp32 would be about as fast.
+# fp32, at 2-5% over all-bf16; past its first ten convolution groups none alone in fp32 gains more than 0.0001, and
+# the first ones compound, so no choice cheaper than a prefix passes: benchmarks/mixed_layers.py). The largest is
+# tried first: when even half the layers in fp32 miss, no share will do (one build spent, not four); when it passes,
+# the smaller ones in turn up to the first that passes. Above half, fp32 would be about as fast.
 FP32_SHARES = (0.1, 0.2, 0.35, 0.5)
 
 
