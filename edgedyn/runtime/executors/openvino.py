@@ -138,8 +138,10 @@ class OpenVinoExecutor:
         # read-only) and hands back its own output memory, which its next call overwrites: each output is copied
         # once, here, into an array the caller owns. OpenVINO's defaults copy the inputs into the request and the
         # outputs out of it, and the copy here doubled that: 2.9 of 18.5 ms per call at one thread for
-        # DeepLabV3-MobileNetV3 (a 5.5 MB output), tests/test_threads.py checks what the caller gets.
-        results = self._request().infer(list(inputs), share_inputs=True, share_outputs=True)
+        # DeepLabV3-MobileNetV3 (a 5.5 MB output), tests/test_threads.py checks what the caller gets. A 0-d array is
+        # handed over as a copy: OpenVINO 2026.4 refuses to share a read-only one ("array is not writeable").
+        arrays = [np.array(array) if array.ndim == 0 else array for array in inputs]
+        results = self._request().infer(arrays, share_inputs=True, share_outputs=True)
         values = list(results.values())
         return [np.array(values[index]) for index in self._outputs]
 
