@@ -18,10 +18,8 @@ model's library (benchmarks/fullsize.py).
 """
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, List
@@ -81,7 +79,7 @@ def mean_cosine(model: Any, samples: List[tuple], references: List[Any]) -> floa
 
 
 def worker(task_path: str) -> None:
-    """Times one marked IR: prints the median ms of calls over the task's seconds, after a warm-up."""
+    """Times one marked IR as speed.py's workers time a variant (speed.timed_calls) and prints its RESULT line."""
     import numpy as np
 
     task = json.loads(Path(task_path).read_text())
@@ -90,23 +88,15 @@ def worker(task_path: str) -> None:
     inputs = [np.load(task["inputs"])["arg{}".format(i)] for i in range(task["arity"])]
     for _ in range(5):
         request.infer(inputs)
-    times, end = [], time.perf_counter() + task["seconds"]
-    while time.perf_counter() < end or len(times) < 10:
-        start = time.perf_counter()
-        request.infer(inputs)
-        times.append(time.perf_counter() - start)
-    print("RESULT " + json.dumps({"median_ms": float(np.median(times)) * 1e3, "calls": len(times)}))
+    print("RESULT " + json.dumps(speed.timed_calls(lambda: request.infer(inputs), task["seconds"])))
 
 
 def timed(task: Dict[str, Any], folder: Path) -> float:
-    path = folder / "task.json"
-    path.write_text(json.dumps(task))
-    done = subprocess.run([sys.executable, __file__, "--worker", str(path)], capture_output=True, text=True,
-                          timeout=600)
-    line = next((text for text in done.stdout.splitlines() if text.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError("worker failed: {}".format(done.stderr.strip().splitlines()[-1:]))
-    return json.loads(line[len("RESULT "):])["median_ms"]
+    """The median ms of one marked IR, in its own process (speed.run_worker)."""
+    result = speed.run_worker(task, folder, script=__file__)
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    return result["median_ms"]
 
 
 def main() -> None:

@@ -402,13 +402,7 @@ def worker(task_path: str) -> None:
                 call()
             print("RESULT " + json.dumps({"calls": task["calls"]}))
             return
-        times = []  # type: List[float]
-        deadline = time.perf_counter() + task["seconds"]
-        while len(times) < 10 or time.perf_counter() < deadline:
-            started = time.perf_counter()
-            call()
-            times.append((time.perf_counter() - started) * 1000.0)
-        result = {"median_ms": statistics.median(times), "calls": len(times)}
+        result = timed_calls(call, task["seconds"])
         if task.get("reference"):
             import numpy as np
 
@@ -418,6 +412,17 @@ def worker(task_path: str) -> None:
     except Exception as error:  # a variant that fails is reported, the run goes on
         result = failure(error)
     print("RESULT " + json.dumps(result))
+
+
+def timed_calls(call: Callable[[], Any], seconds: float) -> Dict[str, Any]:
+    """{"median_ms", "calls"} of `call` made for `seconds` (at least 10 calls), after the caller's warm-up."""
+    times = []  # type: List[float]
+    deadline = time.perf_counter() + seconds
+    while len(times) < 10 or time.perf_counter() < deadline:
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000.0)
+    return {"median_ms": statistics.median(times), "calls": len(times)}
 
 
 def failure(error: BaseException) -> Dict[str, Any]:
