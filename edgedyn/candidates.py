@@ -43,6 +43,7 @@ class Candidate:
     backend: str
     precision: str = FP32
     fp32_share: float = 0.0
+    floats: str = FP32  # an int8 candidate's: the precision of its layers kept out of int8 (int8_floats)
 
     @property
     def label(self) -> str:
@@ -54,6 +55,7 @@ class Candidate:
     @property
     def words(self) -> str:
         words = self.backend if self.precision == FP32 else "{} in {}".format(self.backend, self.precision)
+        words += " (float layers in {})".format(self.floats) if self.floats != FP32 else ""
         return words + (" with its first {:.0%} of layers in fp32".format(self.fp32_share) if self.fp32_share else "")
 
 
@@ -100,7 +102,8 @@ def candidate_list(backend: str, board: Board, quantization: Optional[Any], prec
     names = [backend] if backend != AUTO else candidates(board)
     listed = []  # type: List[Candidate]
     if quantization is not None:
-        listed += [Candidate(name, INT8) for name in names if BACKENDS[name].quantizes]
+        listed += [Candidate(name, INT8, floats=int8_floats(name, board, precision, features)) for name in names
+                   if BACKENDS[name].quantizes]
         if backend != AUTO:
             return listed
     for name in names:
@@ -109,6 +112,20 @@ def candidate_list(backend: str, board: Board, quantization: Optional[Any], prec
                                   and is_native(option, board.arch, features)):
                 listed.append(Candidate(name, option))
     return listed
+
+
+def int8_floats(backend: str, board: Board, precision: str, features: FrozenSet[str]) -> str:
+    """The precision an int8 candidate's float layers compute in: the first reduced precision the export allows
+    (`precision`) that the backend computes on the board and the measuring CPU has (`features`), on a backend whose
+    int8 artifacts take one (Backend.int8_floats); else fp32. Its held-out gate measures the two together."""
+    from edgedyn.quantize.precision import wanted
+
+    record = BACKENDS[backend]
+    if record.int8_floats:
+        for option in wanted(precision):
+            if option in REDUCED and record.computes(option, board.arch) and is_native(option, board.arch, features):
+                return option
+    return FP32
 
 
 def measuring_features(board: Board, here: bool, on_board: bool) -> FrozenSet[str]:
@@ -161,7 +178,8 @@ def builder(programs: Dict[str, Any], board: Board, target: Target, spec: Specia
         def lower(tuning: bool) -> Artifact:
             return BACKENDS[name].build(Build(
                 program=programs[pipeline], board=board, target=target, tensor_inputs=list(spec.tensor_inputs),
-                quantization=quantization if int8 else None, precision=FP32 if int8 else candidate.precision,
+                quantization=quantization if int8 else None,
+                precision=candidate.floats if int8 else candidate.precision,
                 tuning=tuning, fp32_share=candidate.fp32_share))
 
         artifact = untuned_if_wrong(lower(True), spec, lambda: lower(False))

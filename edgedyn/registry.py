@@ -50,6 +50,9 @@ class Backend:
     # Its reduced-precision artifacts can keep their first layers in fp32 (Build.fp32_share): `auto` tries that when
     # the whole artifact misses the float gate (edgedyn/candidates.py FP32_SHARES).
     mixes: bool = False
+    # Its int8 artifacts compute the layers kept out of int8 in a reduced precision of `precisions` where the CPU has
+    # it (OpenVINO's inference precision applies to every layer without int8 inputs): candidates.int8_floats.
+    int8_floats: bool = False
     # Its executor runs every bucket of a group in one arena per thread, sized for the largest (runtime/buckets.py
     # ArenaPool): the board-fit check counts that arena once per group.
     shares_arena: bool = False
@@ -104,6 +107,7 @@ BACKENDS = {
         quantizes=True, extra="export,openvino,nncf", board_extra="openvino", overhead_bytes=55 * MB,
         overhead_import="import openvino; openvino.Core()", general=False, pipeline="onnxruntime",
         threads_per_model=True, precisions=(("bf16", ("x86_64",)), ("fp16", ("aarch64", "x86_64"))), mixes=True,
+        int8_floats=True,
         summary="an OpenVINO IR run by OpenVINO's CPU plugin, in fp32, bf16 (x86 with AVX512_BF16 or AMX) or fp16 "
                 "(Arm v8.2 cores)"),
     "portable": Backend(

@@ -357,6 +357,20 @@ def test_board_properties_reach_the_artifact_and_bad_ones_are_refused(tmp_path):
     assert board_properties(board) == {"ENABLE_CPU_PINNING": False}
 
 
+
+def test_int8_float_layers_take_the_reduced_precision_the_measuring_cpu_has_on_backends_that_take_one():
+    from edgedyn.boards import load_board
+    from edgedyn.candidates import int8_floats
+
+    x86, pi5 = load_board("x86-64"), load_board("raspberry-pi-5")
+    bf16 = frozenset({"avx512f", "avx512_bf16"})
+    assert int8_floats("openvino", x86, "auto", bf16) == "bf16"
+    assert int8_floats("openvino", x86, "fp32", bf16) == "fp32"  # --precision fp32 keeps every float layer fp32
+    assert int8_floats("openvino", x86, "auto", frozenset({"avx2", "fma"})) == "fp32"  # never estimated
+    assert int8_floats("onnxruntime", x86, "auto", bf16) == "fp32"  # its float islands are fp32 kernels
+    assert int8_floats("openvino", pi5, "auto", frozenset({"asimd", "fphp", "asimdhp"})) == "fp16"
+    assert int8_floats("openvino", pi5, "auto", frozenset()) == "fp32"  # no emulated board to measure fp16 on
+
 class _Wide(torch.nn.Module):
     """Weights far larger than its activations (16 MB of fp32 weights, 4 KB of activations), as a language model's
     or a classifier head's are: its int8 IR declares the weights again as f32 where they are dequantized."""
@@ -386,4 +400,58 @@ def test_int8_through_nncf_loads_and_agrees_with_torch_on_fresh_inputs(tmp_path)
     got = np.asarray(program(x)).ravel()
     cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
     assert cosine >= 0.99, cosine  # the --quantize default gate
+    assert all(r["ok"] for r in program.verify())
+
+
+class _SkewedStem(torch.nn.Module):
+    """A CNN whose stem sees one channel of a far wider range than the others (exp of the input, times 30) while its
+    weights barely read that channel: int8's one scale per tensor leaves the other channels a step or two, so every
+    layer in int8 misses the gate, and the stem in float meets it (the later layers are ordinary). No biases and no
+    pooling: the output (a feature map) moves with the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        with torch.no_grad():
+            self.stem.weight[:, 0] *= 1e-3
+        layers = []  # type: list
+        for _ in range(5):
+            layers += [torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)]
+        self.body = torch.nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skewed = torch.cat([torch.exp(x[:, :1]) * 30, x[:, 1:]], dim=1)
+        return self.body(self.stem(skewed))
+
+
+@pytest.mark.requires("nncf")
+def test_int8_keeps_its_first_layers_float_when_every_layer_in_int8_misses_the_gate(tmp_path):
+    from edgedyn.candidates import int8_floats
+    from edgedyn.boards import load_board
+    from edgedyn.runtime.precision import host_features
+    from edgedyn.quantize.openvino import FLOAT_FIRST
+
+    model = _SkewedStem().eval()
+    path = edgedyn.export(model, inputs=["x=1x3x32x32"], backend="openvino", quantize="int8", calibration="random",
+                          output=tmp_path / "skewed-int8.edgedyn")
+    artifact = rt.load(path).specializations[0].artifact
+    quantization = artifact["quantization"]
+    first = quantization["float_first"]
+    assert first["share"] in FLOAT_FIRST[1:] and 0 < first["first"] < first["of"], first
+    floats = int8_floats("openvino", load_board("x86-64"), "auto", host_features())
+    assert quantization["float_precision"] == artifact["precision"] == floats
+    if first["computes_in"] == "fp32" and floats != "fp32":  # the prefix marked to stay fp32 in the IR
+        assert artifact["openvino"]["fp32_layers"]["first"] == first["first"]
+    assert any(op["why"].startswith("computes in float") for op in quantization["float_ops"])
+    program = rt.load(path)
+    rng = np.random.default_rng(5)
+    cosines = []
+    for _ in range(8):
+        x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+        with torch.no_grad():
+            want = model(torch.from_numpy(x)).numpy().ravel()
+        got = np.asarray(program(x)).ravel()
+        cosines.append(float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want))))
+    assert np.mean(cosines) >= 0.99, cosines  # the --quantize default gate, on inputs the export never saw
     assert all(r["ok"] for r in program.verify())

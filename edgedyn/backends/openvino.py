@@ -44,22 +44,28 @@ def lower(build: Build) -> Artifact:
     reduced = build.precision != FP32
     mixed = reduced and build.fp32_share > 0 and build.quantization is None
     quantization = None  # type: Any
+    fp32_names = []  # type: List[str]
     if build.quantization is not None:
         from edgedyn.quantize.openvino import quantize
 
-        model, quantization = quantize(openvino, model, build.quantization, build.program)
-    with tempfile.TemporaryDirectory(prefix="edgedyn-openvino-") as workdir:
-        xml = Path(workdir) / "model.xml"
-        openvino.save_model(model, str(xml), compress_to_fp16=reduced and not mixed)
-        files = {"model": xml.read_bytes(), "weights": xml.with_suffix(".bin").read_bytes()}
+        model, quantization, fp32_names = quantize(openvino, model, build.quantization, build.program,
+                                                   build.precision)
+    compressed = reduced and not mixed and not fp32_names
+    model_xml, weights = serialized(openvino, model, compress=compressed)
+    files = {"model": model_xml, "weights": weights}
     meta = {"input_names": list(build.tensor_inputs), "output_names": output_names, "precision": build.precision,
             "openvino": {"version": openvino.get_version(), "converted_from": source,
-                         "weights": "fp16" if reduced and not mixed else "fp32",
+                         "weights": "fp16" if compressed else "fp32",
                          "properties": board_properties(build.board)},
             "requires": {"python": ["openvino>={}".format(MIN_OPENVINO)]}}  # type: Dict[str, Any]
-    if mixed:
-        files["model"], kept, total = keep_first_layers_fp32(files["model"], build.fp32_share)
-        meta["openvino"]["fp32_layers"] = {"first": kept, "of": total, "share": build.fp32_share}
+    if mixed or fp32_names:
+        if mixed:
+            files["model"], kept, total = keep_first_layers_fp32(files["model"], build.fp32_share)
+            meta["openvino"]["fp32_layers"] = {"first": kept, "of": total, "share": build.fp32_share}
+        else:
+            files["model"] = mark_named_fp32(files["model"], set(fp32_names))
+            first = quantization["float_first"]  # the layers NNCF left out of int8, marked fp32
+            meta["openvino"]["fp32_layers"] = {key: first[key] for key in ("first", "of", "share")}
         # Older OpenVINOs read the marks as an unknown attribute and compute every layer in the reduced precision:
         # an artifact that only the release it was measured with (or a newer one) computes as gated.
         meta["requires"]["python"] = ["openvino>={}".format(_release(openvino.get_version()))]
@@ -132,16 +138,42 @@ def keep_first_layers_fp32(xml: bytes, share: float) -> Tuple[bytes, int, int]:
     are those nearest the inputs, where a reduced precision's rounding has the whole network to grow through
     (DeepLabV3-MobileNetV3 in bf16: cosine 0.9969 to torch with every layer bf16, 0.9991 with the first tenth fp32,
     0.9998 with half; benchmarks/mixed_layers.py measures each convolution group alone)."""
-    import math
     import xml.etree.ElementTree as ElementTree
 
     root = ElementTree.fromstring(xml)
+    layers, total = first_layers(root, share)
+    mark_fp32(layers)
+    return ElementTree.tostring(root, encoding="utf-8"), len(layers), total
+
+
+def first_layers(root: Any, share: float) -> Tuple[List[Any], int]:
+    """(the first `share` of a parsed IR's computing layers, extended up to the next layer of GROUP_STARTS, how many
+    layers compute): the prefix a mixed artifact keeps out of its reduced precision or out of int8."""
+    import math
+
     computing = [layer for group in computing_groups(root) for layer in group]
     count = min(len(computing), int(math.ceil(share * len(computing))))
-    while count < len(computing) and computing[count].get("type") not in GROUP_STARTS:
+    while 0 < count < len(computing) and computing[count].get("type") not in GROUP_STARTS:
         count += 1
-    mark_fp32(computing[:count])
-    return ElementTree.tostring(root, encoding="utf-8"), count, len(computing)
+    return computing[:count], len(computing)
+
+
+def mark_named_fp32(xml: bytes, names: Any) -> bytes:
+    """The IR with the layers named in `names` marked to stay fp32 (an int8 IR's float prefix: NNCF keeps the
+    names of the layers it leaves alone)."""
+    import xml.etree.ElementTree as ElementTree
+
+    root = ElementTree.fromstring(xml)
+    mark_fp32([layer for layer in root.iter("layer") if layer.get("name") in names])
+    return ElementTree.tostring(root, encoding="utf-8")
+
+
+def serialized(openvino: Any, model: Any, compress: bool = False) -> Tuple[bytes, bytes]:
+    """(model.xml, weights.bin) of an OpenVINO model, weights in fp16 when `compress`."""
+    with tempfile.TemporaryDirectory(prefix="edgedyn-openvino-") as workdir:
+        xml = Path(workdir) / "model.xml"
+        openvino.save_model(model, str(xml), compress_to_fp16=compress)
+        return xml.read_bytes(), xml.with_suffix(".bin").read_bytes()
 
 
 def computing_groups(root: Any) -> List[List[Any]]:

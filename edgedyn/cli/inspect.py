@@ -80,7 +80,8 @@ def inspect_command(
                     out.print("  why      {}".format(artifact["selection"]["why"]))
             if "quantization" in artifact:
                 _quantization(artifact["quantization"])
-            if artifact.get("device", "cpu") == "cpu" and artifact.get("precision", "fp32") != "fp32":
+            if artifact.get("device", "cpu") == "cpu" and artifact.get("precision", "fp32") != "fp32" \
+                    and "quantization" not in artifact:  # int8's float layers: in its scheme line
                 _reduced(artifact)
         if "no_gpu_code" in spec:
             _no_gpu_code(spec["no_gpu_code"])
