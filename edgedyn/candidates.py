@@ -12,7 +12,7 @@ import numpy as np
 from edgedyn.registry import AUTO, BACKENDS
 from edgedyn.backends.artifact import Artifact, Build, open_executor
 from edgedyn.boards import Board, Target
-from edgedyn.errors import BackendError, EdgedynError
+from edgedyn.errors import BackendError, EdgedynError, GateMissError
 from edgedyn.frontend import Specialization
 from edgedyn.passes import pipeline_passes, run_pipeline
 from edgedyn.runtime.detections import compare_outputs
@@ -59,10 +59,10 @@ class Candidate:
         return words + (" with its first {:.0%} of layers in fp32".format(self.fp32_share) if self.fp32_share else "")
 
 
-def missed_gate(candidate: Candidate, reason: str) -> bool:
-    """Whether a reduced-precision candidate was rejected for its numbers (its gate missed, or values beyond the
-    precision's range), which keeping its first layers in fp32 may mend (more_fp32)."""
-    return candidate.precision in REDUCED and " misses " in reason
+def missed_gate(candidate: Candidate, error: Optional[EdgedynError]) -> bool:
+    """Whether a reduced-precision candidate was rejected for its numbers (GateMissError: its gate missed, or values
+    beyond the precision's range), which keeping its first layers in fp32 may mend (more_fp32)."""
+    return candidate.precision in REDUCED and isinstance(error, GateMissError)
 
 
 def more_fp32(candidate: Candidate, passed: bool) -> List[Candidate]:
@@ -245,8 +245,9 @@ def checked(stack: contextlib.ExitStack, candidate: Candidate, artifact: Artifac
     artifact is not always the most accurate (the zoo's MobileViT: TFLite's full-integer graph 0.955, the
     onnxruntime dynamic-int8 one 0.9997); one that misses must cost the user neither the export nor the others."""
     label = candidate.label
-    executor = attempt(label, lambda: _open_checked(stack, artifact, spec), rejected)
-    if executor is None and missed_gate(candidate, rejected[label]):  # beyond its range on the example inputs
+    errors = {}  # type: Dict[str, EdgedynError]
+    executor = attempt(label, lambda: _open_checked(stack, artifact, spec), rejected, errors)
+    if executor is None and missed_gate(candidate, errors.get(label)):  # beyond its range on the example inputs
         missed.append(label)
     gate = None  # type: Optional[Callable[[], Any]]
     if executor is not None and candidate.precision == INT8 and getattr(quantization, "held_out", None) is not None:
@@ -323,7 +324,7 @@ def _check_sane(artifact: Artifact, outputs: List[np.ndarray], expected: List[np
                 artifact.backend, index, np.shape(got), np.shape(want)))
         finite = bool(np.all(np.isfinite(got)))
         if not finite and precision in REDUCED:  # fp16's largest is 65504: a range to keep, not a broken build
-            raise BackendError("{} in {} misses the float accuracy gate: output {} has values beyond {}'s range "
+            raise GateMissError("{} in {} misses the float accuracy gate: output {} has values beyond {}'s range "
                                "(inf or nan)".format(artifact.backend, precision, index, precision),
                                hint="its first layers in fp32 may keep them in range (`auto` tries that on "
                                     "backends that mix); or --precision fp32")

@@ -11,7 +11,7 @@ from typing import Dict, Optional
 from edgedyn.runtime.errors import EdgedynError, MissingDependencyError
 
 __all__ = ["EdgedynError", "MissingDependencyError", "CaptureError", "BackendError", "GpuBuildError", "BoardError",
-           "require_modules"]
+           "GateMissError", "require_modules"]
 
 
 class CaptureError(EdgedynError):
@@ -35,6 +35,12 @@ class GpuBuildError(BackendError):
 
 class BoardError(EdgedynError):
     """An unknown or malformed board or target description."""
+
+
+class GateMissError(EdgedynError):
+    """A candidate's numbers miss its accuracy gate (or, in a reduced precision, leave that precision's range): a
+    verdict on its arithmetic, which keeping more layers in fp32 may change (candidates.missed_gate), not a
+    build that failed."""
 
 
 def require_modules(needs: Dict[str, str], what: str, extra: str) -> None:

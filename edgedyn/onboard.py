@@ -253,10 +253,11 @@ def _round(listed: Sequence[Any], build: Callable[[Any], Artifact], board: Board
         for (candidate, artifact, judge, _, _), future in zip(staged, futures):
             label = candidate.label
             ran, failure = future.result()
+            errors = {}  # type: Dict[str, Any]
             if failure is not None:
                 rejected[label] = failure
-            elif attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected) is None:
-                if missed_gate(candidate, rejected.get(label, "")):
+            elif attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected, errors) is None:
+                if missed_gate(candidate, errors.get(label)):
                     missed.append(label)
                     following += more_fp32(candidate, False)
             else:

@@ -125,12 +125,16 @@ def _round_median_ms(call: Callable[[], Any], timing: Timing) -> float:
     return percentile(time_calls(call, timing.stop_rule(), timing.clock), 50) * 1000.0
 
 
-def attempt(name: str, work: Callable[[], Any], rejected: Dict[str, str]) -> Any:
-    """`work()`, or None with the reason in `rejected` (not installed, cannot express the graph, disagrees)."""
+def attempt(name: str, work: Callable[[], Any], rejected: Dict[str, str],
+            errors: Optional[Dict[str, EdgedynError]] = None) -> Any:
+    """`work()`, or None with the reason in `rejected` (not installed, cannot express the graph, disagrees) and,
+    when `errors` is given, the EdgedynError itself there (its type says what kind of rejection it was)."""
     try:
         return work()
     except EdgedynError as error:
         rejected[name] = error.message
+        if errors is not None:
+            errors[name] = error
     except Exception as error:  # a bug in one backend must not cost the user the others; say so
         if os.environ.get("EDGEDYN_DEBUG"):
             raise

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edgedyn.errors import EdgedynError
+from edgedyn.errors import EdgedynError, GateMissError
 from edgedyn.runtime.detections import KEYS, pair_rows, valid_rows
 from edgedyn.runtime.detections import groups as detection_groups
 
@@ -207,7 +207,7 @@ def check(gate: Optional[Gate], outputs: List[Dict[str, Any]], where: str) -> No
                 r["top1_agreement"]) if "top1_agreement" in r else "")
             for r in outputs if r.get("compared") != "as detections" or r["name"] == r["group"])
         bound = "--max-accuracy-drop" if given else "the default accuracy gate of --quantize (cosine=0.99)"
-        raise EdgedynError("the quantized model misses {} on {}: {} (measured on {} held-out sample(s): {}); no "
+        raise GateMissError("the quantized model misses {} on {}: {} (measured on {} held-out sample(s): {}); no "
                            "bundle was written".format(bound, where, "; ".join(misses), outputs[0]["samples"],
                                                        measured),
                            hint=GATE_MISS_HINT)

@@ -57,10 +57,10 @@ def quantize(openvino: Any, model: Any, quantization: Any, program: Any,
                                      hint="pip install 'edgedyn[nncf]'")
     before = _constant_bytes(model)
     first = {"first": 0, "share": 0.0, "computes_in": precision}  # type: Dict[str, Any]
-    fp32_names = []  # type: List[str]
+    prefix = []  # type: List[str]
     try:
         if quantization.static:
-            quantized, first, fp32_names = _static(nncf, openvino, model, quantization, program, precision)
+            quantized, first, prefix = _static(nncf, openvino, model, quantization, program, precision)
         else:
             quantized = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM)
     except BackendError:
@@ -81,11 +81,12 @@ def quantize(openvino: Any, model: Any, quantization: Any, program: Any,
                                           "float",
               "weights": {"fp32_bytes": before, "quantized_bytes": _constant_bytes(quantized)},
               "tolerance": dict(INT8_TOLERANCE), "float_precision": precision,
-              "float_ops": [{"op": name, "why": "computes in float: no int8 input (the float prefix, or no int8 "
-                                                "kernel)"} for name in _float_computing(quantized)]}
+              "float_ops": [{"op": name, "why": "computes in float: no int8 input"}
+                            for name in _float_computing(quantized) if name not in prefix]}
     if quantization.static:
-        record["float_first"] = first
-    return quantized, record, fp32_names
+        record["float_first"] = first  # its layers are not listed in float_ops
+    marked = first["computes_in"] == FP32 and precision != FP32
+    return quantized, record, prefix if marked else []
 
 
 def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: Any,
@@ -130,7 +131,7 @@ def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: An
         tried.append("{:.4f} ({})".format(cosine, "every layer int8" if not names else "first {:.0%} in {}".format(
             share, precision)))
         if cosine >= want:
-            return quantized, first, []
+            return quantized, first, names
         if names and precision != FP32:
             xml, weights = serialized(openvino, quantized)
             marked = core.read_model(mark_named_fp32(xml, set(names)),

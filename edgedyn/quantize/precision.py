@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from edgedyn import calibration as calibration_data
-from edgedyn.errors import EdgedynError
+from edgedyn.errors import EdgedynError, GateMissError
 from edgedyn.quantize.accuracy import (DETECTION_DROP, Gate, compare_outputs, detection_words, misses_of, parse_gate,
                                        rows_differ)
 from edgedyn.runtime.precision import FP32, PRECISIONS, fp32_layers_words
@@ -89,7 +89,7 @@ class FloatGate:
                   "samples": len(self.batches), "outputs": outputs, "gate": self.gate.to_dict(),
                   "gate_source": self.gate_source}
         if misses:
-            raise EdgedynError("{} in {} misses {}: {}".format(
+            raise GateMissError("{} in {} misses {}: {}".format(
                 label, precision, "the float accuracy gate ({})".format(FLOAT_GATE_WORDS)
                 if self.gate_source == "default" else "--max-accuracy-drop", "; ".join(misses)),
                 hint=DETECTION_HINT if rows_differ(self.gate, outputs) else MISS_HINT)
