@@ -47,7 +47,7 @@ def marked(xml: bytes, groups: List[int]) -> bytes:
     """`xml` with the groups numbered in `groups` marked to stay fp32."""
     import xml.etree.ElementTree as ElementTree
 
-    from edgedyn.backends.openvino import computing_groups, mark_fp32
+    from edgedyn.backends.openvino_marks import computing_groups, mark_fp32
 
     root = ElementTree.fromstring(xml)
     found = computing_groups(root)
@@ -115,7 +115,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from edgedyn.backends.openvino import computing_groups
+    from edgedyn.backends.openvino_marks import computing_groups
     import xml.etree.ElementTree as ElementTree
 
     model, inputs, _ = speed.build_model(args.model)

@@ -208,7 +208,7 @@ def precisions_summary(artifact):
 
 
 def test_first_layers_are_marked_fp32_in_the_ir_and_nothing_else_changes():
-    from edgedyn.backends.openvino import keep_first_layers_fp32
+    from edgedyn.backends.openvino_marks import keep_first_layers_fp32
 
     layers = [("0", "Parameter"), ("1", "Const"), ("2", "Convolution"), ("3", "Add"), ("4", "Convert"),
               ("5", "Relu"), ("6", "Convolution"), ("7", "Result")]
@@ -228,7 +228,7 @@ def test_first_layers_are_marked_fp32_in_the_ir_and_nothing_else_changes():
         0, 0, 1, 2, 0, 1, 0, 0]
     assert marked["Add"] == [{"name": "fused_names", "version": "0", "value": "x"}, mark]  # kept beside its own
     assert keep_first_layers_fp32(xml, 1.0)[1:] == (4, 4) and keep_first_layers_fp32(xml, 0.1)[1:] == (3, 4)
-    from edgedyn.backends.openvino import computing_groups  # the units benchmarks/mixed_layers.py marks one by one
+    from edgedyn.backends.openvino_marks import computing_groups  # the units benchmarks/mixed_layers.py marks one by one
 
     assert [[layer.get("id") for layer in group] for group in computing_groups(ElementTree.fromstring(xml))] == [
         ["2", "3", "5"], ["6"]]
@@ -430,7 +430,7 @@ def test_int8_keeps_its_first_layers_float_when_every_layer_in_int8_misses_the_g
     from edgedyn.candidates import int8_floats
     from edgedyn.boards import load_board
     from edgedyn.runtime.precision import host_features
-    from edgedyn.quantize.openvino import FLOAT_FIRST
+    from edgedyn.backends.openvino_int8 import FLOAT_FIRST
 
     model = _SkewedStem().eval()
     path = edgedyn.export(model, inputs=["x=1x3x32x32"], backend="openvino", quantize="int8", calibration="random",
@@ -447,7 +447,7 @@ def test_int8_keeps_its_first_layers_float_when_every_layer_in_int8_misses_the_g
 
     import openvino
 
-    from edgedyn.quantize.openvino import _fed_by_fake_quantize
+    from edgedyn.backends.openvino_int8 import _fed_by_fake_quantize
 
     with zipfile.ZipFile(str(path)) as archive:
         names = archive.namelist()

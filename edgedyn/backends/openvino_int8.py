@@ -6,7 +6,7 @@ half its steps), fast bias correction. Where every layer in int8 misses the targ
 layers stay float (FLOAT_FIRST): int8's error, like bf16's, is largest near the input and compounds through the
 network. The layers NNCF leaves float compute in the artifact's float precision (bf16 on a CPU with AVX512_BF16,
 as the precision issue asks for the layers kept out of int8), or, when that misses, its float prefix in fp32 (the
-layers marked as a mixed bf16 artifact's are: backends/openvino.py).
+layers marked as a mixed bf16 artifact's are: backends/openvino_marks.py).
 The metric is edgedyn's: the mean cosine of the outputs to torch eager's (the worst output's), and the target is the
 gate's cosine (`Quantization.target_cosine`, 0.99 by default) with a margin (VALIDATION_MARGIN), so that the held-out
 gate afterwards, on data NNCF never saw, passes what the validation split chose.
@@ -96,7 +96,7 @@ def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: An
     misses."""
     import xml.etree.ElementTree as ElementTree
 
-    from edgedyn.backends.openvino import first_layers, mark_named_fp32, serialized
+    from edgedyn.backends.openvino_marks import first_layers, mark_named_fp32, serialized
     from edgedyn.runtime.executors.openvino import INFERENCE_PRECISION
     from edgedyn.runtime.format import host_arch
     from edgedyn.runtime.precision import effective
