@@ -496,3 +496,32 @@ def test_the_ir_bound_without_the_manifests_count_reads_int8_weights_as_fp32_val
     with pytest.raises(rt.BundleError, match="far above"):  # fp32 weights of the same bytes: as before
         check_ir(_ir_of([("f32", 250, 0)], 300000), 1000, None, "t")
     assert check_ir(_ir_of(int8, 400000), 1000, 10 ** 6, "t")  # the manifest's count, where there is one
+
+
+@pytest.mark.requires("nncf")
+def test_a_convolution_after_a_concat_of_int8_tensors_is_int8_not_listed_float():
+    """NNCF quantizes before a Concat or Split, not after: the convolution behind it computes int8 with no
+    FakeQuantize of its own, and the manifest must not list it as float (YOLO11n's int8 listed 31 such)."""
+    import openvino
+    import openvino.opset13 as ops
+
+    from edgedyn.backends.openvino_int8 import _float_computing
+
+    x = ops.parameter([1, 4, 8, 8], np.float32, name="x")
+    low, high = ops.constant(np.float32(-4)), ops.constant(np.float32(4))
+
+    def quantized(value):
+        return ops.fake_quantize(value, low, high, low, high, 256)
+
+    def convolution(value, name):
+        weight = ops.constant(np.random.default_rng(0).standard_normal((4, value.shape[1], 1, 1)).astype(np.float32))
+        op = ops.convolution(value, weight, [1, 1], [0, 0], [0, 0], [1, 1])
+        op.set_friendly_name(name)
+        return op
+
+    joined = ops.concat([quantized(x), quantized(ops.relu(x))], 1)
+    behind_concat = convolution(joined, "behind_concat")
+    float_one = convolution(ops.concat([quantized(x), ops.relu(x)], 1), "half_float_concat")
+    plain = convolution(ops.relu(x), "no_fake_quantize")
+    model = openvino.Model([behind_concat, float_one, plain], [x])
+    assert _float_computing(model) == ["half_float_concat", "no_fake_quantize"]

@@ -186,10 +186,29 @@ def _float_computing(model: Any) -> List[str]:
                    and not _fed_by_fake_quantize(op)})
 
 
-def _fed_by_fake_quantize(op: Any) -> bool:
-    """Whether an operation's activation input comes through a FakeQuantize (NNCF's int8 marker)."""
+# Layers that move or select int8 values without computing: NNCF quantizes before them (YOLO11n's convolutions
+# after a Split or Concat of quantized tensors are int8, with no FakeQuantize of their own).
+PASS_THROUGH = ("Concat", "Split", "VariadicSplit", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "StridedSlice",
+                "MaxPool", "Interpolate", "Pad")
+
+
+def _fed_by_fake_quantize(op: Any, depth: int = 0) -> bool:
+    """Whether an operation's activation input comes through a FakeQuantize (NNCF's int8 marker), directly or
+    through PASS_THROUGH layers (every input of a Concat)."""
     source = op.input_value(0).get_node()
-    return source.get_type_name() == "FakeQuantize"
+    kind = source.get_type_name()
+    if kind == "FakeQuantize":
+        return True
+    if kind not in PASS_THROUGH or depth >= 32:
+        return False
+    if kind == "Concat":
+        return all(_fed_by_fake_quantize_port(value.get_node(), depth + 1) for value in source.input_values())
+    return _fed_by_fake_quantize(source, depth + 1)
+
+
+def _fed_by_fake_quantize_port(node: Any, depth: int) -> bool:
+    return node.get_type_name() == "FakeQuantize" or (
+        node.get_type_name() in PASS_THROUGH and _fed_by_fake_quantize(node, depth))
 
 
 def _torch_outputs(program: Any, batches: List[List[np.ndarray]]) -> List[List[np.ndarray]]:
