@@ -11,7 +11,7 @@ The IR is plain XML and raw weights: no pickle, read by OpenVINO 2024.0 and newe
 from typing import Any, Dict, List
 
 from edgedyn.backends.artifact import Artifact, Build
-from edgedyn.backends.openvino_marks import keep_first_layers_fp32, mark_named_fp32, serialized
+from edgedyn.backends.openvino_marks import keep_first_layers_fp32, serialized
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.runtime.precision import FP32
 from edgedyn.runtime.program import FP32_TOLERANCE
@@ -43,26 +43,24 @@ def lower(build: Build) -> Artifact:
     reduced = build.precision != FP32
     mixed = reduced and build.fp32_share > 0 and build.quantization is None
     quantization = None  # type: Any
-    fp32_names = []  # type: List[str]
+    marked = None  # type: Any
     if build.quantization is not None:
         from edgedyn.backends.openvino_int8 import quantize
 
-        model, quantization, fp32_names = quantize(openvino, model, build.quantization, build.program,
-                                                   build.precision)
-    compressed = reduced and not mixed and not fp32_names
-    model_xml, weights = serialized(openvino, model, compress=compressed)
+        model, quantization, marked = quantize(openvino, model, build.quantization, build.program, build.precision)
+    compressed = reduced and not mixed and marked is None
+    model_xml, weights = marked or serialized(openvino, model, compress=compressed)  # marked: the int8's fp32 prefix
     files = {"model": model_xml, "weights": weights}
     meta = {"input_names": list(build.tensor_inputs), "output_names": output_names, "precision": build.precision,
             "openvino": {"version": openvino.get_version(), "converted_from": source,
                          "weights": "fp16" if compressed else "fp32",
                          "properties": board_properties(build.board)},
             "requires": {"python": ["openvino>={}".format(MIN_OPENVINO)]}}  # type: Dict[str, Any]
-    if mixed or fp32_names:
+    if mixed or marked is not None:
         if mixed:
             files["model"], kept, total = keep_first_layers_fp32(files["model"], build.fp32_share)
             meta["openvino"]["fp32_layers"] = {"first": kept, "of": total, "share": build.fp32_share}
         else:
-            files["model"] = mark_named_fp32(files["model"], set(fp32_names))
             first = quantization["float_first"]  # the layers NNCF left out of int8, marked fp32
             meta["openvino"]["fp32_layers"] = {key: first[key] for key in ("first", "of", "share")}
         # Older OpenVINOs read the marks as an unknown attribute and compute every layer in the reduced precision:

@@ -24,7 +24,7 @@ fewer than four), with torch eager's outputs on them.
 Weight-only (`int8-weights`): `nncf.compress_weights`, int8 weights per channel, activations in float.
 OpenVINO's CPU plugin runs the quantized IR with int8 kernels (VNNI and AMX where the CPU has them).
 """
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -42,10 +42,14 @@ FLOAT_FIRST = (0.0, 0.1, 0.2, 0.3, 0.5)
 VALIDATION_MARGIN = 0.2
 
 
+Ir = Tuple[bytes, bytes]  # (model.xml, weights.bin)
+
+
 def quantize(openvino: Any, model: Any, quantization: Any, program: Any,
-             precision: str = FP32) -> Tuple[Any, Dict[str, Any], List[str]]:
+             precision: str = FP32) -> Tuple[Any, Dict[str, Any], Optional[Ir]]:
     """(the quantized OpenVINO model, its manifest record (scheme, weight bytes before and after, the layers left
-    float), the names of the layers to mark fp32). The float layers compute in `precision`."""
+    float), None or the IR with its float prefix marked fp32, as it was measured). The float layers compute in
+    `precision`."""
     import logging
 
     # NNCF imports torch's C++ extension helpers, which warn on a CUDA build of torch with no CUDA here: not ours.
@@ -58,9 +62,10 @@ def quantize(openvino: Any, model: Any, quantization: Any, program: Any,
     before = _constant_bytes(model)
     first = {"first": 0, "share": 0.0, "computes_in": precision}  # type: Dict[str, Any]
     prefix = []  # type: List[str]
+    marked = None  # type: Optional[Ir]
     try:
         if quantization.static:
-            quantized, first, prefix = _static(nncf, openvino, model, quantization, program, precision)
+            quantized, first, prefix, marked = _static(nncf, openvino, model, quantization, program, precision)
         else:
             quantized = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM)
     except BackendError:
@@ -85,15 +90,15 @@ def quantize(openvino: Any, model: Any, quantization: Any, program: Any,
                             for name in _float_computing(quantized) if name not in prefix]}
     if quantization.static:
         record["float_first"] = first  # its layers are not listed in float_ops
-    marked = first["computes_in"] == FP32 and precision != FP32
-    return quantized, record, prefix if marked else []
+    return quantized, record, marked
 
 
 def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: Any,
-            precision: str) -> Tuple[Any, Dict[str, Any], List[str]]:
-    """(the int8 model, its float prefix's record, the layers to mark fp32): the smallest share of FLOAT_FIRST whose
-    int8 model meets the target on the validation split, its float layers in `precision`, or in fp32 when that
-    misses."""
+            precision: str) -> Tuple[Any, Dict[str, Any], List[str], Optional[Ir]]:
+    """(the int8 model, its float prefix's record, the prefix's layer names, None or the IR with the prefix marked
+    fp32): the smallest share of FLOAT_FIRST whose int8 model meets the target on the validation split, its float
+    layers in `precision`, or in fp32 when that misses. Shares that cut the same prefix (the cut extends to the next
+    convolution) are tried once."""
     import xml.etree.ElementTree as ElementTree
 
     from edgedyn.backends.openvino_marks import first_layers, mark_named_fp32, serialized
@@ -113,15 +118,18 @@ def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: An
 
     def reached(candidate: Any) -> float:
         compiled = core.compile_model(candidate, "CPU", {"INFERENCE_PRECISION_HINT": hint})
-        got = [[np.asarray(v) for v in compiled(list(inputs)).values()] for inputs in validation]
-        return min(_mean_cosine([g[i] for g in got], [w[i] for w in references]) for i in range(len(references[0])))
+        return _worst_cosine(compiled, validation, references)
 
     root = ElementTree.fromstring(serialized(openvino, model)[0])
     tried = []  # type: List[str]
     ranked = 0  # the quantized layers of every-layer int8: what accuracy control would rank
+    lengths = set()  # the prefix lengths tried
     for share in FLOAT_FIRST:
         layers, total = first_layers(root, share)
         names = [layer.get("name") for layer in layers]
+        if len(names) in lengths:
+            continue
+        lengths.add(len(names))
         scope = nncf.IgnoredScope(names=names, validate=False)
         quantized = nncf.quantize(model, calibration, subset_size=subset, preset=nncf.QuantizationPreset.MIXED,
                                   ignored_scope=scope)
@@ -131,15 +139,14 @@ def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: An
         tried.append("{:.4f} ({})".format(cosine, "every layer int8" if not names else "first {:.0%} in {}".format(
             share, precision)))
         if cosine >= want:
-            return quantized, first, names
+            return quantized, first, names, None
         if names and precision != FP32:
             xml, weights = serialized(openvino, quantized)
-            marked = core.read_model(mark_named_fp32(xml, set(names)),
-                                     openvino.Tensor(np.frombuffer(weights, np.uint8)))
-            cosine = reached(marked)
+            marked = (mark_named_fp32(xml, set(names)), weights)
+            cosine = reached(core.read_model(marked[0], openvino.Tensor(np.frombuffer(weights, np.uint8))))
             tried.append("{:.4f} (first {:.0%} in fp32)".format(cosine, share))
             if cosine >= want:
-                return quantized, dict(first, computes_in=FP32), names
+                return quantized, dict(first, computes_in=FP32), names, marked
     if ranked > MAX_RANKED:
         raise BackendError("NNCF's int8 reaches cosine {} on the validation split, below the target {:g} (+{:g} "
                            "margin), and its accuracy control would rank {} quantized layers one by one (over {}: "
@@ -162,13 +169,12 @@ RANKING_SAMPLES = 8
 
 def _accuracy_control(nncf: Any, model: Any, calibration: Any, validation: List[List[np.ndarray]],
                       references: List[List[np.ndarray]], want: float, subset: int,
-                      precision: str) -> Tuple[Any, Dict[str, Any], List[str]]:
+                      precision: str) -> Tuple[Any, Dict[str, Any], List[str], Optional[Ir]]:
     from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
 
     def metric(compiled: Any, data: Any) -> float:
-        got = [[np.asarray(v) for v in compiled(list(inputs)).values()] for inputs, _ in data]
-        wanted = [reference for _, reference in data]
-        return min(_mean_cosine([g[i] for g in got], [w[i] for w in wanted]) for i in range(len(wanted[0])))
+        pairs = list(data)
+        return _worst_cosine(compiled, [inputs for inputs, _ in pairs], [reference for _, reference in pairs])
 
     checks = nncf.Dataset(list(zip([list(b) for b in validation], references)))
     quantized = nncf.quantize_with_accuracy_control(
@@ -176,7 +182,14 @@ def _accuracy_control(nncf: Any, model: Any, calibration: Any, validation: List[
         subset_size=subset, preset=nncf.QuantizationPreset.MIXED,
         advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(
             max_num_iterations=MAX_RESTORED, ranking_subset_size=min(len(validation), RANKING_SAMPLES)))
-    return quantized, {"first": 0, "share": 0.0, "computes_in": precision, "accuracy_control": True}, []
+    return quantized, {"first": 0, "share": 0.0, "computes_in": precision, "accuracy_control": True}, [], None
+
+
+def _worst_cosine(compiled: Any, batches: List[Any], references: List[List[np.ndarray]]) -> float:
+    """The lowest over outputs of the mean cosine of a compiled model's outputs on `batches` to `references`: the
+    validation split's metric, for the float prefixes and for NNCF's accuracy control."""
+    got = [[np.asarray(v) for v in compiled(list(inputs)).values()] for inputs in batches]
+    return min(_mean_cosine([g[i] for g in got], [w[i] for w in references]) for i in range(len(references[0])))
 
 
 def _float_computing(model: Any) -> List[str]:
@@ -192,23 +205,22 @@ PASS_THROUGH = ("Concat", "Split", "VariadicSplit", "Reshape", "Transpose", "Squ
                 "MaxPool", "Interpolate", "Pad")
 
 
-def _fed_by_fake_quantize(op: Any, depth: int = 0) -> bool:
+def _fed_by_fake_quantize(op: Any) -> bool:
     """Whether an operation's activation input comes through a FakeQuantize (NNCF's int8 marker), directly or
     through PASS_THROUGH layers (every input of a Concat)."""
-    source = op.input_value(0).get_node()
-    kind = source.get_type_name()
+    return _int8_values(op.input_value(0).get_node())
+
+
+def _int8_values(node: Any, depth: int = 0) -> bool:
+    """Whether `node` outputs int8 values: a FakeQuantize, or a PASS_THROUGH layer fed by them (a Concat by every
+    input, the others by their first)."""
+    kind = node.get_type_name()
     if kind == "FakeQuantize":
         return True
     if kind not in PASS_THROUGH or depth >= 32:
         return False
-    if kind == "Concat":
-        return all(_fed_by_fake_quantize_port(value.get_node(), depth + 1) for value in source.input_values())
-    return _fed_by_fake_quantize(source, depth + 1)
-
-
-def _fed_by_fake_quantize_port(node: Any, depth: int) -> bool:
-    return node.get_type_name() == "FakeQuantize" or (
-        node.get_type_name() in PASS_THROUGH and _fed_by_fake_quantize(node, depth))
+    sources = node.input_values() if kind == "Concat" else node.input_values()[:1]
+    return all(_int8_values(value.get_node(), depth + 1) for value in sources)
 
 
 def _torch_outputs(program: Any, batches: List[List[np.ndarray]]) -> List[List[np.ndarray]]:
