@@ -26,8 +26,8 @@ from edgedyn.backends.artifact import Artifact, open_executor
 from edgedyn.boards import Board, Target
 from edgedyn.errors import EdgedynError
 from edgedyn.candidates import (INT8, Candidate, TuningRejectedWarning, builder, candidate_list, candidates, checked,
-                                example_arrays, gate_missed, gated, measuring_features, more_fp32, no_candidate,
-                                nothing_built, untuned_if_wrong)
+                                example_arrays, gate_missed, gated, measuring_features, missed_gate, more_fp32,
+                                no_candidate, nothing_built, untuned_if_wrong)
 from edgedyn.frontend import Specialization
 from edgedyn.runtime.format import host_arch
 from edgedyn.runtime.precision import REDUCED
@@ -55,13 +55,15 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
     check_backend_name(backend)
     here = board.arch == host_arch()
     # Another board's candidates are measured on its emulated CPU when this host can emulate it and there is a
-    # choice to make (auto), or a reduced precision to gate (its arithmetic happens only there).
+    # choice to make (auto), or a reduced precision to gate, alone or as an int8 candidate's float layers (its
+    # arithmetic happens only there).
     emulated = not here and probe is not None and _emulation_missing(board) is None
     listed = candidate_list(backend, board, quantization, precision, measuring_features(board, here, emulated),
                             accuracy is not None)
     if not listed:
         raise no_candidate(backend, board, precision, here)
-    on_board = emulated and (backend == AUTO or len(listed) > 1 or listed[0].precision in REDUCED)
+    on_board = emulated and (backend == AUTO or len(listed) > 1
+                             or any(kind in REDUCED for kind in (listed[0].precision, listed[0].floats)))
     build = builder({"default": program}, board, target, spec, quantization)  # each pipeline's graph made once
     if backend != AUTO and len(listed) == 1 and not on_board:
         (only,) = listed
@@ -92,24 +94,28 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
 
 def _gated(build: Callable[[Candidate], Artifact], artifact: Artifact, candidate: Candidate, spec: Specialization,
            accuracy: Any, step: Progress) -> Tuple[Artifact, Candidate]:
-    """The user's reduced-precision artifact with its accuracy record once it meets the gate; else the same with its
-    first layers in fp32 (candidates.more_fp32), the smallest share that meets it; else the first miss, with the
-    others' numbers."""
+    """The user's reduced-precision artifact with its accuracy record once it meets the gate; else, when it missed
+    the gate (a GateMissError; any other error is raised as it is), the same with its first layers in fp32
+    (candidates.more_fp32), the smallest share that meets it; else the first miss, with the others' numbers."""
     try:
         artifact.meta["accuracy"] = gated(artifact, candidate, spec, accuracy)
         return artifact, candidate
     except EdgedynError as error:
+        if not missed_gate(candidate, error):
+            raise
         miss, tries, best = error, [], None  # type: EdgedynError, List[str], Any
     queue = more_fp32(candidate, False)
     while queue:
         candidate = queue.pop(0)
         step("{} missed the gate; trying {}".format(candidate.backend, candidate.words))
-        artifact = build(candidate)
         try:
+            artifact = build(candidate)
             artifact.meta["accuracy"] = gated(artifact, candidate, spec, accuracy)
             best = (artifact, candidate)
         except EdgedynError as error:
             tries.append("first {:.0%}: {}".format(candidate.fp32_share, error.message.split(": ", 1)[-1]))
+            if not missed_gate(candidate, error):
+                break  # it did not build or run: more fp32 layers would not mend that
         queue = more_fp32(candidate, best is not None and best[1] is candidate)
     if best is not None:
         return best

@@ -675,3 +675,56 @@ def test_a_reduced_precision_output_beyond_its_range_is_a_gate_miss_its_first_la
     with pytest.raises(BackendError, match="a broken artifact, not fp32 rounding"):
         _check_sane(artifact, [np.array([[1.0, np.nan, 3.0]], np.float32)], want, "fp32", ["output_0"])
     _check_sane(artifact, [want[0] * 1.001], want, "fp16", ["output_0"])  # finite and close: the gate judges it
+
+
+def test_a_users_reduced_precision_is_retried_with_fp32_layers_only_after_a_gate_miss(monkeypatch):
+    """`--backend openvino --precision bf16`: an artifact that missed its gate is built again with its first layers
+    in fp32 (candidates.more_fp32); one that failed for any other reason is no verdict on its arithmetic, and its
+    error is raised as it is, with nothing built again."""
+    import edgedyn.selection as selection
+    from edgedyn.candidates import FP32_SHARES, Candidate
+
+    built: List[float] = []
+
+    def build(candidate):
+        built.append(candidate.fp32_share)
+        return dataclasses.make_dataclass("A", [("meta", dict)])({})
+
+    def failing(error):
+        def gated(artifact, candidate, spec, accuracy):
+            raise error
+        return gated
+
+    asked = Candidate("openvino", "bf16")
+    monkeypatch.setattr(selection, "gated", failing(BackendError("openvino in bf16 misses a kernel for Erf")))
+    with pytest.raises(BackendError, match="misses a kernel for Erf"):
+        selection._gated(build, build(asked), asked, None, None, lambda message: None)
+    assert built == [0.0]  # the first build only
+    built.clear()
+    monkeypatch.setattr(selection, "gated", failing(GateMissError("openvino in bf16 misses the float accuracy gate: "
+                                                                  "output_0 cosine 0.9951 < 0.999")))
+    with pytest.raises(EdgedynError, match="with its first layers in fp32 it missed too") as raised:
+        selection._gated(build, build(asked), asked, None, None, lambda message: None)
+    assert built == [0.0, FP32_SHARES[-1]]  # half in fp32 missed too: no smaller share can pass
+    assert "first 50%: output_0 cosine 0.9951 < 0.999" in raised.value.message
+
+
+def test_another_boards_int8_with_reduced_float_layers_is_gated_on_its_emulated_cpu(monkeypatch, loop_spec):
+    """`--backend openvino --quantize int8 --board raspberry-pi-5` from x86: the layers NNCF leaves float compute in
+    fp16 on the Pi 5, which this host cannot; its gate is measured on the emulated board (onboard.on_board), not
+    here, where they would compute in fp32."""
+    require_module("openvino")
+    import edgedyn.onboard
+    import edgedyn.selection as selection
+    from edgedyn.quantize import Quantization
+
+    spec, program = loop_spec
+    seen = []
+    monkeypatch.setattr(selection, "_emulation_missing", lambda board: None)
+    monkeypatch.setattr(edgedyn.onboard, "on_board", lambda build, board, spec, step, listed, *rest: seen.extend(
+        listed) or "measured on the board")
+    quantization = Quantization(mode="int8", calibration=[[np.ones((2, 3), np.float32)]])
+    board = load_board("raspberry-pi-5")
+    assert choose("openvino", program, board, board.target("cpu"), spec, quantization=quantization, precision="auto",
+                  probe=lambda *args: None) == "measured on the board"
+    assert [(c.backend, c.precision, c.floats) for c in seen] == [("openvino", "int8", "fp16")]
