@@ -182,10 +182,8 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
     there pass their check, with `meta["selection"]` saying what was measured and how ("emulated")."""
 
     measurement = Measurement(board, listed, probe, step)
-    counts = {}  # type: Dict[str, Dict[str, Any]]
-    chosen_artifacts = {}  # type: Dict[str, Tuple[Any, Artifact]]
-    rejected = {}  # type: Dict[str, str]
-    missed = []  # type: List[str]
+    rounds = _Rounds(build, board, spec, step, quantization, accuracy, measurement)
+    counts, chosen_artifacts, rejected, missed = rounds.counts, rounds.artifacts, rounds.rejected, rounds.missed
     try:
         # Built and staged here, one after another; then run on the emulated board JOBS at a time (each a
         # single-threaded qemu process, its count exact whatever runs beside it); judged in the listed order. A
@@ -193,8 +191,7 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
         # (candidates.more_fp32) after it met or missed its gate.
         pending = list(listed)
         while pending:
-            pending = _round(pending, build, board, spec, step, quantization, accuracy, measurement, counts,
-                             chosen_artifacts, rejected, missed)
+            pending = rounds.run(pending)
     finally:
         measurement.close()
     if not counts:
@@ -220,54 +217,66 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
     return artifact
 
 
-def _round(listed: Sequence[Any], build: Callable[[Any], Artifact], board: Board, spec: Any,
-           step: Callable[[str], None], quantization: Optional[Any], accuracy: Optional[Any],
-           measurement: "Measurement", counts: Dict[str, Dict[str, Any]],
-           chosen_artifacts: Dict[str, Tuple[Any, Artifact]], rejected: Dict[str, str], missed: List[str]) -> List[Any]:
-    """One round of on_board: `listed` built, staged, run and judged, the verified counted into `counts`; returns
-    the candidates of the next round (the mixed tries after a reduced precision met or missed its gate)."""
-    from edgedyn.candidates import missed_gate, more_fp32
-    from edgedyn.turns import attempt
+class _Rounds:
+    """on_board's rounds and what they found: per candidate label its count (`counts`) and (candidate, artifact)
+    (`artifacts`) once verified, why it was rejected (`rejected`), and the labels that missed their gate
+    (`missed`)."""
 
-    staged = []  # type: List[Tuple[Any, Artifact, Any, Any, int]]
-    for candidate in listed:
-        label = candidate.label
-        step("building {} with {} for {}".format(spec.name, candidate.words, board.name))
-        artifact = attempt(label, lambda: build(candidate), rejected)
-        if artifact is None:
-            step("{}: skipped ({})".format(label, rejected[label]))
-            continue
-        batches, judge = _evaluation(candidate, artifact, spec, quantization, accuracy)
-        files = attempt(label, lambda: measurement.stage(label, artifact, batches), rejected)
-        if files is None:
-            step("{}: rejected ({})".format(label, rejected[label]))
-            continue
-        staged.append((candidate, artifact, judge, files, len(batches)))
-    jobs = emulation_jobs(len(staged))
-    step("running and counting {} candidate(s) on the emulated {} (qemu -cpu {}), {} at a time".format(
-        len(staged), board.name, board.qemu_cpu, jobs))
-    following = []  # type: List[Any]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_attempt_run, measurement, candidate.label, files, n)
-                   for candidate, _, _, files, n in staged]
-        for (candidate, artifact, judge, _, _), future in zip(staged, futures):
+    def __init__(self, build: Callable[[Any], Artifact], board: Board, spec: Any, step: Callable[[str], None],
+                 quantization: Optional[Any], accuracy: Optional[Any], measurement: "Measurement") -> None:
+        self.build, self.board, self.spec, self.step = build, board, spec, step
+        self.quantization, self.accuracy, self.measurement = quantization, accuracy, measurement
+        self.counts = {}  # type: Dict[str, Dict[str, Any]]
+        self.artifacts = {}  # type: Dict[str, Tuple[Any, Artifact]]
+        self.rejected = {}  # type: Dict[str, str]
+        self.missed = []  # type: List[str]
+
+    def run(self, listed: Sequence[Any]) -> List[Any]:
+        """One round: `listed` built, staged, run and judged, the verified counted; returns the candidates of the
+        next round (the mixed tries after a reduced precision met or missed its gate)."""
+        from edgedyn.candidates import missed_gate, more_fp32
+        from edgedyn.turns import attempt
+
+        step, rejected, measurement = self.step, self.rejected, self.measurement
+        staged = []  # type: List[Tuple[Any, Artifact, Any, Any, int]]
+        for candidate in listed:
             label = candidate.label
-            ran, failure = future.result()
-            errors = {}  # type: Dict[str, Any]
-            if failure is not None:
-                rejected[label] = failure
-            elif attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected, errors) is None:
-                if missed_gate(candidate, errors.get(label)):
-                    missed.append(label)
-                    following += more_fp32(candidate, False)
-            else:
-                count = measurement.count(label)
-                step("{}: {:,.0f} instructions per call".format(label, count["per_call"]))
-                counts[label], chosen_artifacts[label] = count, (candidate, artifact)
-                following += more_fp32(candidate, True)
+            step("building {} with {} for {}".format(self.spec.name, candidate.words, self.board.name))
+            artifact = attempt(label, lambda: self.build(candidate), rejected)
+            if artifact is None:
+                step("{}: skipped ({})".format(label, rejected[label]))
                 continue
-            step("{}: rejected ({})".format(label, rejected[label]))
-    return following
+            batches, judge = _evaluation(candidate, artifact, self.spec, self.quantization, self.accuracy)
+            files = attempt(label, lambda: measurement.stage(label, artifact, batches), rejected)
+            if files is None:
+                step("{}: rejected ({})".format(label, rejected[label]))
+                continue
+            staged.append((candidate, artifact, judge, files, len(batches)))
+        jobs = emulation_jobs(len(staged))
+        step("running and counting {} candidate(s) on the emulated {} (qemu -cpu {}), {} at a time".format(
+            len(staged), self.board.name, self.board.qemu_cpu, jobs))
+        following = []  # type: List[Any]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(_attempt_run, measurement, candidate.label, files, n)
+                       for candidate, _, _, files, n in staged]
+            for (candidate, artifact, judge, _, _), future in zip(staged, futures):
+                label = candidate.label
+                ran, failure = future.result()
+                errors = {}  # type: Dict[str, Any]
+                if failure is not None:
+                    rejected[label] = failure
+                elif attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected, errors) is None:
+                    if missed_gate(candidate, errors.get(label)):
+                        self.missed.append(label)
+                        following += more_fp32(candidate, False)
+                else:
+                    count = measurement.count(label)
+                    step("{}: {:,.0f} instructions per call".format(label, count["per_call"]))
+                    self.counts[label], self.artifacts[label] = count, (candidate, artifact)
+                    following += more_fp32(candidate, True)
+                    continue
+                step("{}: rejected ({})".format(label, rejected[label]))
+        return following
 
 
 def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Optional[Any],

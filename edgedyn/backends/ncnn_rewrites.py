@@ -82,7 +82,7 @@ def fuse_global_pooling(param: bytes, inputs: Dict[str, Tuple[int, ...]]) -> byt
         pooled = _fresh(made + "_gap", taken)
         replaced[index] = [pooling[:5] + [pooled] + pooling[6:],
                            ["Reshape", layer.name + "_keepdims", "1", "1", pooled, made, "0=1", "1=1", "2=-1"]]
-    return _rewritten(param, gone, replaced)
+    return _rewritten(param, gone, replaced, _rows(param))
 
 
 # A Convolution that is a matrix product on a (c, 1, 1) blob: kernel, dilation and stride 1, no pads, float weights
@@ -129,7 +129,7 @@ def fuse_pooled_convolutions(param: bytes, inputs: Dict[str, Tuple[int, ...]]) -
             last[5] = vector
             replaced[chain[-1]].append(["Reshape", layer.name + "_moved", "1", "1", vector, blob, "0=1", "1=1",
                                         "2=-1"])
-    return _rewritten(param, gone, replaced)
+    return _rewritten(param, gone, replaced, rows)
 
 
 def _vector_op(layer: Layer) -> bool:
@@ -190,13 +190,12 @@ def _fresh(name: str, taken: Any) -> str:
     return name
 
 
-def _rewritten(param: bytes, gone: Any, replaced: Dict[int, List[List[str]]]) -> bytes:
-    """The text with layers `gone` dropped and each replaced one by its rows; every layer added or dropped makes
-    or takes exactly one blob."""
+def _rewritten(param: bytes, gone: Any, replaced: Dict[int, List[List[str]]], rows: List[List[str]]) -> bytes:
+    """The text (whose layer rows are `rows`) with layers `gone` dropped and each replaced one by its rows; every
+    layer added or dropped makes or takes exactly one blob."""
     if not replaced and not gone:
         return param
     lines = param.decode("ascii").splitlines()
-    rows = _rows(param)
     kept = [row for i, old in enumerate(rows) if i not in gone for row in replaced.get(i, [old])]
     count, blobs = (int(v) for v in lines[1].split())
     added = len(kept) - len(rows)
