@@ -11,7 +11,8 @@ instructions; its record holds every candidate's count, so each backend and prec
 and the peers, converted as their users do and run on the same emulated board, one thread, spinning off:
 onnxruntime-direct (`torch.onnx.export` + a default InferenceSession), OpenVINO (`openvino.convert_model` from the
 torch module; its default precision, fp16 on Arm v8.2, and f32), NCNN (pnnx from the torch module; its default
-options, fp16 arithmetic and storage on Arm v8.2, and fp32). Each peer is counted as edgedyn is
+options, fp16 arithmetic and storage on Arm v8.2, and fp32; `--peers ...,ncnn-fp16-storage` adds fp16 storage with
+fp32 arithmetic, which tells ncnn's fp16 arithmetic from its fp16 storage). Each peer is counted as edgedyn is
 (edgedyn/emulate/instructions.py): marks in one process around N calls after a warm-up call, under the board's
 `-cpu`, the guest seeing that CPU in /proc/cpuinfo. Counts are deterministic and do not depend on this host's load;
 they ignore memory stalls and per-instruction cost (docs/emulate.md). JSON goes to benchmarks/results/arm-*.json.
@@ -73,6 +74,8 @@ else:
     net.opt.num_threads = 1
     if kind == "ncnn-fp32":
         net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
+    if kind == "ncnn-fp16-storage":
+        net.opt.use_fp16_arithmetic = False
     net.load_param(model + ".param")
     net.load_model(model + ".bin")
     def run():
