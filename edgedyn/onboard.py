@@ -246,7 +246,8 @@ class _Rounds:
             if artifact is None:
                 step("{}: skipped ({})".format(label, rejected[label]))
                 continue
-            batches, judge = _evaluation(candidate, artifact, self.spec, self.quantization, self.accuracy)
+            batches, judge = _evaluation(candidate, artifact, self.spec, self.quantization, self.accuracy,
+                                         "the emulated {} (qemu -cpu {})".format(self.board.name, self.board.qemu_cpu))
             files = attempt(label, lambda: measurement.stage(label, artifact, batches), rejected)
             if files is None:
                 step("{}: rejected ({})".format(label, rejected[label]))
@@ -279,10 +280,11 @@ class _Rounds:
         return following
 
 
-def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Optional[Any],
-                accuracy: Optional[Any]) -> Tuple[List[List[np.ndarray]], Callable[[List[List[np.ndarray]], str], None]]:
-    """(the batches a candidate runs on the emulated board, the check of what it returned): the example inputs
-    first (checked as `auto` checks them here), then its gate's batches for int8 and reduced precisions."""
+def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Optional[Any], accuracy: Optional[Any],
+                where: str) -> Tuple[List[List[np.ndarray]], Callable[[List[List[np.ndarray]], str], None]]:
+    """(the batches a candidate runs on the emulated board (`where`), the check of what it returned): the example
+    inputs first (checked as `auto` checks them here), then its gate's batches for int8 and reduced precisions; an
+    int8 candidate keeps its outputs there for the export's record (Artifact.measured)."""
     from edgedyn.candidates import INT8, check_outputs, example_arrays
     from edgedyn.runtime.precision import REDUCED
 
@@ -300,8 +302,9 @@ def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Opt
                                "either".format(computed, candidate.precision, candidate.precision))
         if candidate.precision == INT8 and extra:
             quantization.held_out(candidate.backend, replay(outputs[1:]))
+            artifact.measured = {"where": where, "examples": outputs[0], "held_out": outputs[1:]}
         elif candidate.precision in REDUCED:
             artifact.meta["accuracy"] = accuracy.check(candidate.label, candidate.precision, replay(outputs[1:]))
-            artifact.meta["accuracy"]["measured_on"] = "the emulated board"
+            artifact.meta["accuracy"]["measured_on"] = where
 
     return [examples] + extra, judge

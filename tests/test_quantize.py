@@ -65,7 +65,13 @@ def test_int8_export_records_accuracy_and_verifies(quantized, model, backend):
             assert output["max_abs_error"] < 0.05 * output["reference_max_abs"], output
             assert "top1_agreement" in output  # every example ends in [batch, classes]
     results = edgedyn.runtime.load(path).verify()
-    assert results and all(r["ok"] and r["against"] == "int8 outputs recorded at export" for r in results)
+    if Bundle(path).manifest["specializations"][0]["artifacts"][-1].get("precision") in ("bf16", "fp16"):
+        # OpenVINO's layers outside int8 compute in bf16 here: held to the int8 gate against torch eager, since
+        # another CPU computes them otherwise (runtime/program.py reduced_gate)
+        assert results and all(r["ok"] and r["against"] == "torch eager, at the int8 gate" and r["min_cosine"] == 0.99
+                               for r in results), results
+    else:
+        assert results and all(r["ok"] and r["against"] == "int8 outputs recorded at export" for r in results)
 
 
 def test_onnx_artifact_has_qdq_with_int8_weights_that_ort_fuses(quantized, tmp_path):

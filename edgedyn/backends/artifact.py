@@ -22,6 +22,10 @@ class Artifact:
     files: Dict[str, bytes]  # role -> content, e.g. {"library": b"\x7fELF...", "weights": b"PK..."}
     file_names: Dict[str, str]  # role -> file name inside the bundle, e.g. {"library": "model.so"}
     meta: Dict[str, Any] = field(default_factory=dict)
+    # Outputs computed where the artifact runs, when that is not here (an int8 candidate judged on the emulated
+    # board): {"where": words, "examples": [...], "held_out": [[...], ...]}; the export records these, not this
+    # machine's (onboard.py, exporter.py).
+    measured: Optional[Dict[str, Any]] = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

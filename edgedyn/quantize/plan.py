@@ -82,10 +82,12 @@ def plan(mode: Optional[str], backend: str, device: str, calibration: Any = None
     return Plan(mode=mode, calibration=samples, evaluation=evaluation, gate=gate)
 
 
-def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]], List[np.ndarray]]) -> Any:
+def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]], List[np.ndarray]],
+           measured_on: Optional[str] = None) -> Any:
     """Measures the quantized artifact against torch eager on held-out inputs, records it, applies the gate.
 
-    `run` runs the artifact on flat inputs (the exporter opens its executor: this package sits below the backends).
+    `run` runs the artifact on flat inputs (the exporter opens its executor: this package sits below the backends),
+    or replays what it computed on the held-out inputs and then the example inputs `measured_on` another machine.
     """
     from edgedyn.runtime.format import pack_arrays
 
@@ -101,6 +103,8 @@ def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]
                           "batches": len(held_out.batches), "outputs": outputs}
     record["accuracy"]["gate"] = (plan.gate or DEFAULT_GATE).to_dict()
     record["accuracy"]["gate_source"] = "--max-accuracy-drop" if plan.gate is not None else "default"
+    if measured_on is not None:
+        record["accuracy"]["measured_on"] = measured_on
     samples = outputs[0]["samples"] if outputs else 0
     if samples < MIN_EVAL_SAMPLES:
         import warnings

@@ -1,6 +1,7 @@
 """`--backend auto` for another board (a Raspberry Pi 5 from this x86 host): every candidate, fp16 ones included, is
 run on the emulated board, judged against torch eager, counted there, and the one with the fewest guest
 instructions per call is kept (edgedyn/onboard.py)."""
+import json
 import re
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import edgedyn.runtime as rt
 from edgedyn.errors import EdgedynError
 
 from conftest import EXAMPLES, raw_sensor_model, require
+
+EMULATED_PI5 = "the emulated raspberry-pi-5 (qemu -cpu cortex-a76)"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,7 @@ def test_the_fp16_candidate_really_computed_fp16_on_the_emulated_a76(pi5_bundle,
     (artifact,) = spec["artifacts"]
     assert artifact["precision"] == "fp16" and artifact["selection"]["precision"] == "fp16"
     accuracy = artifact["accuracy"]
-    assert accuracy["measured_on"] == "the emulated board" and accuracy["samples"] == 9
+    assert accuracy["measured_on"] == EMULATED_PI5 and accuracy["samples"] == 9
     cosine = min(o["cosine"] for o in accuracy["outputs"])
     errors = [o["max_abs_error"] / o["reference_max_abs"] for o in accuracy["outputs"]]
     assert 0.999 <= cosine < 1.0 - 1e-9 and max(errors) > 1e-4  # not fp32: fp16 keeps 11 bits of mantissa
@@ -97,7 +100,7 @@ def test_an_fp16_that_misses_the_gate_is_counted_again_with_its_first_layers_in_
     mixed = [label for label in counts if "+fp32-first-" in label]
     assert all(counts[label] < counts["openvino"] for label in mixed), counts  # fp16 beyond the first layers
     if "+fp32-first-" in selection["candidate"]:
-        assert artifact["accuracy"]["measured_on"] == "the emulated board"
+        assert artifact["accuracy"]["measured_on"] == EMULATED_PI5
         assert min(o["cosine"] for o in artifact["accuracy"]["outputs"]) >= 0.999995
         assert artifact["openvino"]["fp32_layers"]["first"] >= 1
 
@@ -118,3 +121,32 @@ def test_the_chosen_bundle_verifies_on_the_emulated_board(pi5_bundle, run_cli):
     result = run_cli("verify", str(pi5_bundle), "--emulate")
     assert result.returncode == 0, result.stderr
     assert "verified 1 output(s) of 1 specialization(s) on aarch64" in result.stderr
+
+
+def test_an_int8_with_fp16_float_layers_is_measured_and_verified_where_it_computes(pi5_bundle, tmp_path):
+    """`--backend openvino --quantize int8` for the Pi 5: OpenVINO's layers outside int8 compute in fp16 on an A76
+    (and its Arm build runs some int8 convolutions in fp16 too), so the held-out gate runs on the emulated board,
+    the manifest's accuracy and recorded outputs are the board's, and `verify` there holds the bundle to its int8
+    gate against torch eager (not to the outputs one CPU recorded). Before, the gate and the record were this x86
+    host's (floats in fp32), and the bundle failed its own verify on the board (ResNet-18: cosine 0.9978 to the
+    host's outputs, under the fp16 check's 0.999)."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    samples = [(rng.standard_normal((1, 3, 64, 64)).astype(np.float32),) for _ in range(40)]
+    path = edgedyn.export(str(EXAMPLES / "tiny_cnn.py:TinyCNN"), inputs=["x=1x3x64x64"], board="raspberry-pi-5",
+                          backend="openvino", quantize="int8", calibration=samples, output=tmp_path / "i8.edgedyn")
+    (spec,) = rt.read_manifest(path)["specializations"]
+    (artifact,) = spec["artifacts"]
+    assert artifact["precision"] == "fp16" and artifact["selection"]["mode"] == "emulated", artifact["selection"]
+    record = artifact["quantization"]
+    assert record["float_precision"] == "fp16" and record["accuracy"]["measured_on"] == EMULATED_PI5
+    assert min(o["cosine"] for o in record["accuracy"]["outputs"]) >= 0.99
+    from edgedyn.emulate.board import prepare
+
+    result = prepare(path).run_edgedyn(["-m", "edgedyn", "verify", "--json", str(path)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["arch"] == "aarch64", report
+    assert all(r["min_cosine"] == 0.99 and r["precision"] == "fp16" and r["cosine"] >= 0.99
+               for r in report["results"]), report
