@@ -143,6 +143,9 @@ def _seeded(layer: nn.Module) -> nn.Module:
     generator = torch.Generator().manual_seed(zlib.crc32(type(layer).__name__.encode()))
     for parameter in layer.parameters():
         parameter.data.copy_(torch.randn(parameter.shape, generator=generator))
+    if isinstance(layer, nn.modules.batchnorm._BatchNorm):  # statistics as training leaves them, not 0 and 1
+        layer.running_mean.copy_(torch.randn(layer.running_mean.shape, generator=generator))
+        layer.running_var.copy_(torch.rand(layer.running_var.shape, generator=generator) * 2 + 0.1)
     return layer
 
 
@@ -163,6 +166,10 @@ ZOO_OPS = {
                                   [(1, 4, 7, 9)], nn.Conv2d(4, 6, 3, padding=1)),
     "group_norm": (lambda m, x: m[0](x), [(2, 4, 5, 6)], nn.GroupNorm(2, 4)),
     "group_norm_1d": (lambda m, x: m[0](x), [(2, 4, 13)], nn.GroupNorm(1, 4)),
+    # a batch norm no convolution absorbs: LeViT's after a linear layer, over the flattened tokens
+    "batch_norm_after_linear": (lambda m, x: m[1](m[0](x).flatten(0, 1)).reshape(2, 5, 6), [(2, 5, 4)],
+                                nn.Linear(4, 6), nn.BatchNorm1d(6)),
+    "batch_norm_1d_channels": (lambda m, x: m[0](x) * 2 + x, [(2, 4, 7)], nn.BatchNorm1d(4)),
     "avgpool_exclude_pad": (lambda m, x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False), [(1, 3, 6, 7)]),
     "avgpool_window_past_image_ceil": (lambda m, x: F.avg_pool2d(x, 16, ceil_mode=True), [(1, 3, 6, 7)]),
     "bilinear_x2": (lambda m, x: F.interpolate(x, scale_factor=2, mode="bilinear"), [(1, 3, 5, 7)]),

@@ -1,4 +1,4 @@
-"""Reductions (mean, sum, amax), softmax and normalization (layer norm, group norm)."""
+"""Reductions (mean, sum, amax), softmax and normalization (layer norm, group norm, batch norm in inference)."""
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -105,6 +105,42 @@ def _group_norm(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratc
     return run
 
 
+def _batch_norm_scratch(outs: List[Any], args: List[Any], kwargs: Dict[str, Any]) -> Shapes:
+    channels = args[0].shape[1] if getattr(args[0], "ndim", 0) >= 2 else 1
+    return [(channels,), (channels,)]
+
+
+def _batch_norm(outs: List[Any], args: List[Any], kwargs: Dict[str, Any], scratch: List[np.ndarray]) -> Run:
+    """_native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps): per channel
+    (dimension 1) x * scale + shift with scale = weight / sqrt(var + eps), shift = bias - mean * scale (a batch norm
+    the passes could not fold: after a linear layer, as LeViT's). Its other two outputs are empty in inference."""
+    x, weight, bias, mean, var = args[0], args[1], args[2], args[3], args[4]
+    check(len(args) == 7 and x.ndim >= 2, "batch_norm", "expects (x, weight, bias, mean, var, momentum, eps)")
+    channels = x.shape[1]
+    for name, value in (("weight", weight), ("bias", bias), ("running_mean", mean), ("running_var", var)):
+        check(value is None or (isinstance(value, np.ndarray) and value.shape == (channels,)), "batch_norm",
+              "{} must hold one value per channel ({})".format(name, channels))
+    check(mean is not None and var is not None, "batch_norm", "needs the running statistics")
+    eps = float(number(args[6], "batch_norm", "eps"))
+    per_channel = (channels,) + (1,) * (x.ndim - 2)
+    scale, shift, out = scratch[0], scratch[1], outs[0]
+    scale_view, shift_view = _view(scale, per_channel), _view(shift, per_channel)
+
+    def run() -> None:
+        np.add(var, eps, out=scale)
+        np.sqrt(scale, out=scale)
+        np.reciprocal(scale, out=scale)
+        if weight is not None:
+            np.multiply(scale, weight, out=scale)
+        np.multiply(mean, scale, out=shift)
+        np.negative(shift, out=shift)
+        if bias is not None:
+            np.add(shift, bias, out=shift)
+        np.multiply(x, scale_view, out=out)
+        np.add(out, shift_view, out=out)
+    return run
+
+
 def _standardize(x: np.ndarray, out: np.ndarray, axis: Any, mean: np.ndarray, rstd: np.ndarray,
                  square: np.ndarray, eps: float) -> None:
     """out = (x - mean) / sqrt(variance + eps) over `axis`, the statistics left in `mean` and `rstd` (scratch)."""
@@ -140,6 +176,7 @@ KERNELS = {
     "aten._log_softmax.default": _softmax(log=True),
     "aten.native_layer_norm.default": _layer_norm,
     "aten.native_group_norm.default": _group_norm,
+    "aten._native_batch_norm_legit_no_training.default": _batch_norm,
 }  # type: Dict[str, Callable[..., Run]]
 
 # Scratch each kernel needs besides its outputs (shapes in the first output's dtype); absent means none.
@@ -148,4 +185,5 @@ SCRATCH = {
     "aten._log_softmax.default": _softmax_scratch,
     "aten.native_layer_norm.default": _layer_norm_scratch,
     "aten.native_group_norm.default": _group_norm_scratch,
+    "aten._native_batch_norm_legit_no_training.default": _batch_norm_scratch,
 }  # type: Dict[str, Callable[[List[Any], List[Any], Dict[str, Any]], Shapes]]
