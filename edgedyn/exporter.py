@@ -143,7 +143,9 @@ def _quantized_artifact(quantizing: Any, backend: str, program: Any, board: Boar
     artifact = choose(backend, program, board, target, spec, progress=step,
                       quantization=quantizing.quantization(spec), precision=precision, accuracy=accuracy, probe=probe)
     measured = artifact.measured
-    if measured is not None and "quantization" in artifact.meta:  # its arithmetic happens on the board, not here
+    if "quantization" not in artifact.meta:
+        return artifact  # `auto` kept a float artifact, with fewer instructions or faster than every int8 one
+    if measured is not None:  # its arithmetic happens on the board, not here
         from edgedyn.onboard import replay
 
         outputs = list(measured["held_out"]) + [measured["examples"]]  # in the order finish runs them

@@ -14,6 +14,7 @@ Without the emulation tools, `auto` falls back to the board file's preference an
 """
 import concurrent.futures
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -172,8 +173,16 @@ def replay(outputs: List[List[np.ndarray]]) -> Callable[[Any], List[np.ndarray]]
 
 
 def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
+    """What a failed run on the board said: the last exception line of its traceback (or `error:` line) and the
+    hint after it, else its last line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    errors = [index for index, line in enumerate(lines) if line.startswith("error:") or _EXCEPTION.match(line)]
+    if errors:
+        return " ".join(lines[errors[-1]:errors[-1] + 2])[:400]
     return lines[-1][:300] if lines else "no message"
+
+
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
 
 def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Callable[[str], None],
