@@ -728,3 +728,20 @@ def test_another_boards_int8_with_reduced_float_layers_is_gated_on_its_emulated_
     assert choose("openvino", program, board, board.target("cpu"), spec, quantization=quantization, precision="auto",
                   probe=lambda *args: None) == "measured on the board"
     assert [(c.backend, c.precision, c.floats) for c in seen] == [("openvino", "int8", "fp16")]
+
+
+def test_a_candidate_that_fails_on_the_emulated_board_is_rejected_with_its_exception_not_its_hint_alone():
+    """The board's stderr ends with the runtime error's hint; the rejection names the error itself (LeViT's TFLite
+    fp16 on the Pi 5: XNNPACK failed to delegate a BATCH_MATMUL, which the hint line alone hid)."""
+    from edgedyn.onboard import _last_line
+
+    stderr = ("Traceback (most recent call last):\n  File \"<string>\", line 5, in <module>\n"
+              "edgedyn.runtime.program.ArtifactLoadError: tflite-cpu does not load: RuntimeError: failed to delegate "
+              "BATCH_MATMUL node #27\nhint: copy the bundle again or export it again; never edit a bundle by hand\n")
+    assert _last_line(stderr) == (
+        "edgedyn.runtime.program.ArtifactLoadError: tflite-cpu does not load: RuntimeError: failed to delegate "
+        "BATCH_MATMUL node #27 hint: copy the bundle again or export it again; never edit a bundle by hand")
+    assert _last_line("error: the bundle is for x86_64\nhint: export it for the board") == (
+        "error: the bundle is for x86_64 hint: export it for the board")
+    assert _last_line("qemu: uncaught target signal 11 (Segmentation fault) - core dumped\n") == (
+        "qemu: uncaught target signal 11 (Segmentation fault) - core dumped")
