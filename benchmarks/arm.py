@@ -218,6 +218,19 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
     return record
 
 
+def _commit() -> Any:
+    """The checkout's commit (and whether it had changes), or None outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(REPO), capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=str(REPO),
+                               capture_output=True, text=True)
+    except OSError:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "") if head.returncode == 0 else None
+
+
 STRICT_COSINE = 0.999  # edgedyn's default float gate (edgedyn/quantize/precision.py)
 
 
@@ -290,7 +303,8 @@ def main() -> None:
     results = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "method": "guest instructions per call under qemu-user, one thread, marks around {} calls after a "
                          "warm-up call".format(CALLS),
-               "cpus": {b: load_board(b).qemu_cpu for b in boards}, "boards": {}}  # type: Dict[str, Any]
+               "cpus": {b: load_board(b).qemu_cpu for b in boards}, "edgedyn_commit": _commit(),
+               "boards": {}}  # type: Dict[str, Any]
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "arm-{}.json".format(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     for board_name in boards:
