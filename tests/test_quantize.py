@@ -1,7 +1,6 @@
 """int8 quantization: integer kernels really in the artifacts, accuracy against torch eager, the gate, the errors."""
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
