@@ -332,6 +332,9 @@ POINTWISE = "Convolution {} 1 1 {} {} 0=4 1=1 11=1 12=1 13=1 14=0 2=1 3=1 4=0 5=
         "14=0", "14=1").replace("6=32", "6=288")], []),
     (POOLED + ["Split s 1 2 m m0 m1", POINTWISE.format("c", "m0", "n"), "Sigmoid g 1 1 m1 o"], []),
     (POOLED + ["Sigmoid g 1 1 m o"], []),
+    # flattened at the chain's end (MobileNetV4's head, then its classifier): both Reshapes go
+    (POOLED + [POINTWISE.format("c", "m", "n") + " 9=1", "Reshape f 1 1 n o 0=4", "ReLU z 1 1 o q"],
+     POOLED[:1] + ["InnerProduct c 1 1 v o 0=4 1=1 2=32 9=1", "ReLU z 1 1 o q"]),
 ])
 def test_pooled_convolutions_become_inner_products_only_as_matrix_products_on_the_vector(rows, expected):
     from edgedyn.backends.ncnn import fuse_pooled_convolutions
