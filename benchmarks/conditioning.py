@@ -79,16 +79,13 @@ def noisy_weights(module: Any, share: float = NOISE, seed: int = 0) -> Any:
 
 
 def worst_mean_cosine(run: Callable[[Any], Any], inputs: List[Any], references: List[List[Any]]) -> float:
-    """The lowest over outputs of the mean over inputs of the cosine of `run`'s output to the reference."""
-    import torch
+    """The lowest over outputs of the mean over inputs of the cosine of `run`'s output to the reference: the
+    cosine edgedyn's gates read (edgedyn.quantize.accuracy.output_metrics)."""
+    from edgedyn.quantize.accuracy import output_metrics
 
-    per_output = None  # type: Any
-    for x, wanted in zip(inputs, references):
-        got = _outputs(run(x))
-        cosines = [float(torch.nn.functional.cosine_similarity(g.double().flatten(), w.double().flatten(), dim=0))
-                   for g, w in zip(got, wanted)]
-        per_output = [[c] for c in cosines] if per_output is None else [p + [c] for p, c in zip(per_output, cosines)]
-    return min(sum(p) / len(p) for p in per_output)
+    got = [[o.detach().float().numpy() for o in _outputs(run(x))] for x in inputs]
+    want = [[o.detach().float().numpy() for o in wanted] for wanted in references]
+    return min(output_metrics([g[i] for g in got], [w[i] for w in want])["cosine"] for i in range(len(want[0])))
 
 
 def _outputs(result: Any) -> List[Any]:

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from edgedyn.errors import BackendError, MissingDependencyError
-from edgedyn.quantize.accuracy import INT8_TOLERANCE
+from edgedyn.quantize.accuracy import INT8_TOLERANCE, output_metrics
 from edgedyn.runtime.precision import FP32
 
 VALIDATION_SHARE = 4  # one calibration batch in this many validates
@@ -189,7 +189,8 @@ def _worst_cosine(compiled: Any, batches: List[Any], references: List[List[np.nd
     """The lowest over outputs of the mean cosine of a compiled model's outputs on `batches` to `references`: the
     validation split's metric, for the float prefixes and for NNCF's accuracy control."""
     got = [[np.asarray(v) for v in compiled(list(inputs)).values()] for inputs in batches]
-    return min(_mean_cosine([g[i] for g in got], [w[i] for w in references]) for i in range(len(references[0])))
+    return min(output_metrics([g[i] for g in got], [w[i] for w in references])["cosine"]
+               for i in range(len(references[0])))
 
 
 def _float_computing(model: Any) -> List[str]:
@@ -234,13 +235,6 @@ def _torch_outputs(program: Any, batches: List[List[np.ndarray]]) -> List[List[n
             result = result if isinstance(result, (list, tuple)) else [result]
             outputs.append([np.asarray(r.detach().numpy()) for r in result])
     return outputs
-
-
-def _mean_cosine(got: List[np.ndarray], want: List[np.ndarray]) -> float:
-    a = np.concatenate([np.asarray(g, np.float64).reshape(1, -1) for g in got])
-    b = np.concatenate([np.asarray(w, np.float64).reshape(1, -1) for w in want])
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    return float(np.mean(np.where(norms > 0, np.sum(a * b, axis=1) / np.where(norms > 0, norms, 1), 1.0)))
 
 
 def _constant_bytes(model: Any) -> int:
