@@ -218,7 +218,7 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
     return record
 
 
-def _commit() -> Any:
+def commit() -> Any:
     """The checkout's commit (and whether it had changes), or None outside a git checkout."""
     import subprocess
 
@@ -303,7 +303,7 @@ def main() -> None:
     results = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "method": "guest instructions per call under qemu-user, one thread, marks around {} calls after a "
                          "warm-up call".format(CALLS),
-               "cpus": {b: load_board(b).qemu_cpu for b in boards}, "edgedyn_commit": _commit(),
+               "cpus": {b: load_board(b).qemu_cpu for b in boards}, "edgedyn_commit": commit(),
                "boards": {}}  # type: Dict[str, Any]
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "arm-{}.json".format(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))

@@ -63,7 +63,7 @@ def main() -> None:
     model, inputs, _ = fullsize.MODELS[args.model]()
     result = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "model": args.model, "board": args.board, "calls": arm.CALLS,
-              "edgedyn_commit": arm._commit()}  # type: Dict[str, Any]
+              "edgedyn_commit": arm.commit()}  # type: Dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="edgedyn-arm-pair-") as folder:
         work = Path(folder)
         reduced = precision not in ("", "fp32")  # a reduced precision at the gate the peers' defaults sit at
