@@ -251,7 +251,7 @@ def checked(stack: contextlib.ExitStack, candidate: Candidate, artifact: Artifac
         missed.append(label)
     gate = None  # type: Optional[Callable[[], Any]]
     if executor is not None and candidate.precision == INT8 and getattr(quantization, "held_out", None) is not None:
-        gate = lambda: quantization.held_out(candidate.backend, executor.run)  # noqa: E731
+        gate = lambda: _measured_int8(artifact, candidate, spec, quantization, executor.run)  # noqa: E731
     elif executor is not None and candidate.precision in REDUCED:
         gate = lambda: artifact.meta.__setitem__(  # noqa: E731
             "accuracy", accuracy.check(label, candidate.precision, executor.run))
@@ -263,6 +263,16 @@ def checked(stack: contextlib.ExitStack, candidate: Candidate, artifact: Artifac
     if executor is None:
         step("{}: rejected ({})".format(label, rejected[label]))
     return executor
+
+
+def _measured_int8(artifact: Artifact, candidate: Candidate, spec: Specialization, quantization: Any,
+                   run: Callable[[List[np.ndarray]], List[np.ndarray]]) -> None:
+    """The int8 gate on the held-out split (EdgedynError with the numbers on a miss); what it measured stays on the
+    artifact for the export's record (Artifact.measured)."""
+    from edgedyn.quantize.plan import measured
+
+    records = quantization.held_out(candidate.backend, run)
+    artifact.measured = measured(records, run(example_arrays(spec)), None)
 
 
 def gated(artifact: Artifact, candidate: Candidate, spec: Specialization, accuracy: Any) -> Dict[str, Any]:

@@ -142,17 +142,14 @@ def _quantized_artifact(quantizing: Any, backend: str, program: Any, board: Boar
     step("quantizing {} ({})".format(spec.name, quantizing.mode))
     artifact = choose(backend, program, board, target, spec, progress=step,
                       quantization=quantizing.quantization(spec), precision=precision, accuracy=accuracy, probe=probe)
-    measured = artifact.measured
     if "quantization" not in artifact.meta:
         return artifact  # `auto` kept a float artifact, with fewer instructions or faster than every int8 one
-    if measured is not None:  # its arithmetic happens on the board, not here
-        from edgedyn.onboard import replay
-
-        outputs = list(measured["held_out"]) + [measured["examples"]]  # in the order finish runs them
-        return quantize_plan.finish(quantizing, artifact, spec, replay(outputs), measured_on=measured["where"])
-    step("measuring {} int8 accuracy against torch eager".format(artifact.backend))
-    with open_executor(artifact) as (executor, _):
-        return quantize_plan.finish(quantizing, artifact, spec, executor.run)
+    found = artifact.measured  # what its gate measured, here or on the emulated board
+    if found is None:
+        step("measuring {} int8 accuracy against torch eager".format(artifact.backend))
+        with open_executor(artifact) as (executor, _):
+            found = quantize_plan.measure(quantizing, spec, executor.run)
+    return quantize_plan.finish(quantizing, artifact, spec, found)
 
 
 def _probe(captured: Captured, board: Board, spec: Specialization, optimized: Any, model: Any,

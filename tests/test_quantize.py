@@ -577,3 +577,38 @@ def test_auto_keeps_an_int8_candidate_that_meets_the_gate_when_the_fastest_misse
     else:  # an fp32 or reduced-precision candidate was faster here
         assert selection["precision"] != "int8" and selection["why"].startswith("fastest of")
     assert _cosine_to_eager_on_fresh_inputs("mobilevit", path, range(100, 108)) > 0.99
+
+
+def test_the_export_records_what_the_int8_gate_measured_without_running_the_held_out_split_again(tmp_path, monkeypatch):
+    """`auto`'s gate runs each int8 candidate on the held-out split; the record of the one kept is those numbers
+    (Artifact.measured), not a second run of it (quantize.plan.measure would make one)."""
+    import torch
+    from torch import nn
+
+    from edgedyn import selection
+    from edgedyn.quantize import plan as quantize_plan
+
+    runs = []
+    measure, listed = quantize_plan.HeldOut.measure, selection.candidate_list
+
+    def counted(self, run):
+        runs.append(self._spec.name)
+        return measure(self, run)
+
+    def second_run(*args):
+        raise AssertionError("the export ran the kept int8 artifact on the held-out split again")
+
+    monkeypatch.setattr(quantize_plan.HeldOut, "measure", counted)
+    monkeypatch.setattr(quantize_plan, "measure", second_run, raising=False)
+    # only the int8 candidates, so that `auto` keeps one whatever the timings
+    monkeypatch.setattr(selection, "candidate_list", lambda *args: [c for c in listed(*args) if c.precision == "int8"])
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    path = edgedyn.export(model, (torch.randn(1, 3, 16, 16),), backend="auto", quantize="int8",
+                          calibration=calibration((1, 3, 16, 16)), output=tmp_path / "gated.edgedyn")
+    (record,) = quantization_records(path)
+    timed = Bundle(path).manifest["specializations"][0]["artifacts"][-1]["selection"]["medians_ms"]
+    assert record["mode"] == "int8" and len(runs) == len(timed) > 1, (runs, timed)
+    assert record["accuracy"]["outputs"][0]["cosine"] > 0.99 and "measured_on" not in record["accuracy"]
+    results = edgedyn.runtime.load(path).verify()  # the outputs it recorded are the kept artifact's own
+    assert results and all(r["ok"] and r["against"] == "int8 outputs recorded at export" for r in results)

@@ -22,9 +22,9 @@ class Artifact:
     files: Dict[str, bytes]  # role -> content, e.g. {"library": b"\x7fELF...", "weights": b"PK..."}
     file_names: Dict[str, str]  # role -> file name inside the bundle, e.g. {"library": "model.so"}
     meta: Dict[str, Any] = field(default_factory=dict)
-    # Outputs computed where the artifact runs, when that is not here (an int8 candidate judged on the emulated
-    # board): {"where": words, "examples": [...], "held_out": [[...], ...]}; the export records these, not this
-    # machine's (onboard.py, exporter.py).
+    # What an int8 candidate's gate measured where it computes (here, or on the emulated board: onboard.py), as
+    # quantize.plan.measure returns it: the export records these numbers rather than running the held-out split
+    # again (exporter.py).
     measured: Optional[Dict[str, Any]] = field(default=None, compare=False, repr=False)
 
 

@@ -82,20 +82,30 @@ def plan(mode: Optional[str], backend: str, device: str, calibration: Any = None
     return Plan(mode=mode, calibration=samples, evaluation=evaluation, gate=gate)
 
 
-def finish(plan: Plan, artifact: Any, spec: Any, run: Callable[[List[np.ndarray]], List[np.ndarray]],
-           measured_on: Optional[str] = None) -> Any:
-    """Measures the quantized artifact against torch eager on held-out inputs, records it, applies the gate.
+def measure(plan: Plan, spec: Any, run: Callable[[List[np.ndarray]], List[np.ndarray]]) -> Dict[str, Any]:
+    """What `finish` records of a quantized artifact, from `run` (its executor here): its accuracy records on the
+    held-out split (HeldOut.measure) and its outputs on the example inputs. The gate `auto` applies to each int8
+    candidate keeps the same on it (Artifact.measured: candidates.py, onboard.py), so the export does not run the
+    one it keeps on the held-out split a second time."""
+    records = plan.held_out(spec).measure(run)
+    return measured(records, run([np.asarray(t.numpy(), order="C") for t in spec.example_tensors]), None)
 
-    `run` runs the artifact on flat inputs (the exporter opens its executor: this package sits below the backends),
-    or replays what it computed on the held-out inputs and then the example inputs `measured_on` another machine.
-    """
+
+def measured(records: List[Dict[str, Any]], examples: List[np.ndarray], where: Optional[str]) -> Dict[str, Any]:
+    """What `finish` takes: the held-out accuracy records, the outputs on the example inputs, and where they were
+    computed (words, or None for this machine)."""
+    return {"records": records, "examples": examples, "where": where}
+
+
+def finish(plan: Plan, artifact: Any, spec: Any, found: Dict[str, Any]) -> Any:
+    """Records a quantized artifact's accuracy against torch eager on held-out inputs and its outputs on the
+    example inputs (`found`, as `measure` returns it), and applies the gate."""
     from edgedyn.runtime.format import pack_arrays
 
     if "quantization" not in artifact.meta:
         return artifact  # `auto` kept fp32, faster here than every int8 candidate (its selection says so)
     held_out = plan.held_out(spec)
-    outputs = held_out.measure(run)
-    expected = run([np.asarray(t.numpy(), order="C") for t in spec.example_tensors])
+    outputs, expected, measured_on = found["records"], found["examples"], found["where"]
     record = dict(artifact.meta["quantization"])
     record["calibration"] = {"source": plan.calibration.source if plan.calibration else None,
                              "batches": len(plan.quantization(spec).calibration) if plan.mode == "int8" else 0}
