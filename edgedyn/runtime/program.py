@@ -274,14 +274,14 @@ class Program:
             if chosen is not spec:
                 raise EdgedynError("reference inputs of '{}' dispatched to '{}'; the bundle's guards overlap".format(
                     label, chosen.name))
-            if padded and EXPECTED_ROLE in spec.artifact["files"]:
-                continue  # int8 differs from torch eager by design: its own outputs are checked at the bucket
+            int8 = EXPECTED_ROLE in spec.artifact["files"]  # int8 differs from torch eager by design:
+            if padded and int8:
+                continue  # its own outputs are checked at the bucket
             actual = flatten_outputs(spec.output_tree, self(**values))
             tolerance = spec.artifact.get("tolerance", FP32_TOLERANCE)
             extra = {"against": "torch eager on the unpadded call"} if padded else {}  # type: Dict[str, Any]
             min_cosine = reduced_gate(spec.artifact)
-            if EXPECTED_ROLE in spec.artifact["files"] and min_cosine is None:
-                # int8 differs from torch eager by design: its own outputs recorded at export (quantize/accuracy.py)
+            if int8 and min_cosine is None:  # its own outputs recorded at export (quantize/accuracy.py)
                 names, member = ["output.{}".format(i) for i in range(len(spec.outputs))], spec.artifact["files"]
                 recorded = self.bundle.arrays(member[EXPECTED_ROLE])
                 _require_arrays(recorded, names, member[EXPECTED_ROLE])
@@ -289,7 +289,7 @@ class Program:
                 extra["against"] = "int8 outputs recorded at export"
             if min_cosine is not None:
                 extra["precision"] = spec.precision()[0]
-                if EXPECTED_ROLE in spec.artifact["files"]:  # int8, its float layers reduced: CPUs differ in them
+                if int8:  # its float layers reduced: CPUs differ in them
                     extra["against"] = "torch eager, at the int8 gate"
                 compared = [compare_cosine(got, want, min_cosine) for got, want in zip(actual, expected)]
             else:
