@@ -27,7 +27,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -46,7 +46,7 @@ LOOSE_GATE = "cosine=0.995"
 _GUEST = r"""
 import ctypes, json, sys
 import numpy as np
-kind, model, inputs_path, outputs_path, calls, marks = sys.argv[1:7]
+kind, model, inputs_path, outputs_path, calls, marks, options = sys.argv[1:8]
 inputs = [a for _, a in sorted(np.load(inputs_path).items())]
 if kind == "onnxruntime-direct":
     import onnxruntime as ort
@@ -76,6 +76,8 @@ else:
         net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
     if kind == "ncnn-fp16-storage":
         net.opt.use_fp16_arithmetic = False
+    for key, value in json.loads(options).items():  # ncnn_options.py's variants
+        setattr(net.opt, key, value)
     net.load_param(model + ".param")
     net.load_model(model + ".bin")
     def run():
@@ -139,11 +141,14 @@ def _ncnn(model: Any, inputs: tuple, folder: Path) -> str:
     return str(folder / "model.ncnn")
 
 
-def count_peer(board: Any, peer: str, path: str, inputs_path: Path, outputs_path: Path) -> Dict[str, Any]:
+def count_peer(board: Any, peer: str, path: str, inputs_path: Path, outputs_path: Path,
+               ncnn_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """One peer's instructions per call on the emulated board (its outputs saved to `outputs_path`); an ncnn peer
+    with `ncnn_options` set on its Option as well."""
     from edgedyn.emulate.instructions import MARK_MAGIC, MARK_SYSCALL, count_command
 
     run = count_command(board, ["-c", _GUEST, peer, path, str(inputs_path), str(outputs_path), str(CALLS),
-                                "{},{}".format(MARK_SYSCALL, MARK_MAGIC)])
+                                "{},{}".format(MARK_SYSCALL, MARK_MAGIC), json.dumps(ncnn_options or {})])
     first, empty, last = run.marks
     per_call = (last - empty - (empty - first)) / CALLS
     return {"per_call": per_call, "ran": json.loads(run.stdout.strip().splitlines()[-1])["ran"],
