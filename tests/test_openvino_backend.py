@@ -441,8 +441,9 @@ def test_int8_keeps_its_first_layers_float_when_every_layer_in_int8_misses_the_g
     assert first["share"] in FLOAT_FIRST[1:] and 0 < first["first"] < first["of"], first
     floats = int8_floats("openvino", load_board("x86-64"), "auto", host_features())
     assert quantization["float_precision"] == artifact["precision"] == floats
-    if first["computes_in"] == "fp32" and floats != "fp32":  # the prefix marked to stay fp32 in the IR
-        assert artifact["openvino"]["fp32_layers"]["first"] == first["first"]
+    if first.get("fp32_first"):  # the prefix, or its first tenth of the network, marked to stay fp32 in the IR
+        assert artifact["openvino"]["fp32_layers"]["first"] == first["fp32_first"] <= first["first"]
+        assert (first["computes_in"] == "fp32") == (first["fp32_first"] == first["first"]), first
     import zipfile
 
     import openvino
@@ -525,3 +526,11 @@ def test_a_convolution_after_a_concat_of_int8_tensors_is_int8_not_listed_float()
     plain = convolution(ops.relu(x), "no_fake_quantize")
     model = openvino.Model([behind_concat, float_one, plain], [x])
     assert _float_computing(model) == ["half_float_concat", "no_fake_quantize"]
+
+
+def test_a_reduced_float_prefix_that_misses_marks_its_first_tenth_fp32_before_all_of_it():
+    from edgedyn.backends.openvino_int8 import fp32_parts
+
+    assert fp32_parts(["a", "b"], ["a", "b", "c", "d"]) == [["a", "b"], ["a", "b", "c", "d"]]
+    assert fp32_parts(["a", "b"], ["a", "b"]) == [["a", "b"]]  # the prefix is the tenth: tried once
+    assert fp32_parts([], ["a"]) == [["a"]]

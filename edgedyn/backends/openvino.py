@@ -61,8 +61,9 @@ def lower(build: Build) -> Artifact:
             files["model"], kept, total = keep_first_layers_fp32(files["model"], build.fp32_share)
             meta["openvino"]["fp32_layers"] = {"first": kept, "of": total, "share": build.fp32_share}
         else:
-            first = quantization["float_first"]  # the layers NNCF left out of int8, marked fp32
-            meta["openvino"]["fp32_layers"] = {key: first[key] for key in ("first", "of", "share")}
+            first = quantization["float_first"]  # the layers NNCF left out of int8: its first ones marked fp32
+            meta["openvino"]["fp32_layers"] = {"first": first["fp32_first"], "of": first["of"],
+                                               "share": first["fp32_share"]}
         # Older OpenVINOs read the marks as an unknown attribute and compute every layer in the reduced precision:
         # an artifact that only the release it was measured with (or a newer one) computes as gated.
         meta["requires"]["python"] = ["openvino>={}".format(_release(openvino.get_version()))]

@@ -5,8 +5,9 @@ activations int8 asymmetric per tensor: hard-swish and SiLU outputs reach below 
 half its steps), fast bias correction. Where every layer in int8 misses the target on a validation split, the first
 layers stay float (FLOAT_FIRST): int8's error, like bf16's, is largest near the input and compounds through the
 network. The layers NNCF leaves float compute in the artifact's float precision (bf16 on a CPU with AVX512_BF16,
-as the precision issue asks for the layers kept out of int8), or, when that misses, its float prefix in fp32 (the
-layers marked as a mixed bf16 artifact's are: backends/openvino_marks.py).
+as the precision issue asks for the layers kept out of int8), or, when that misses, the first tenth of the network's
+layers in fp32 and the rest of the prefix reduced, and then the whole prefix in fp32 (the layers marked as a mixed
+bf16 artifact's are: backends/openvino_marks.py).
 The metric is edgedyn's: the mean cosine of the outputs to torch eager's (the worst output's), and the target is the
 gate's cosine (`Quantization.target_cosine`, 0.99 by default) with a margin (VALIDATION_MARGIN), so that the held-out
 gate afterwards, on data NNCF never saw, passes what the validation split chose.
@@ -37,6 +38,10 @@ VALIDATION_SHARE = 4  # one calibration batch in this many validates
 # artifact's) left out of int8, tried in turn until the validation split meets the target. Past half, int8 would
 # save too little to be faster than the float candidates beside it.
 FLOAT_FIRST = (0.0, 0.1, 0.2, 0.3, 0.5)
+# Where a float prefix in bf16/fp16 misses, the first FP32_FIRST of the network's layers (a mixed float artifact's
+# smallest share: candidates.FP32_SHARES) are marked fp32 and the rest of the prefix stays reduced, before the whole
+# prefix is marked fp32 (fp32_parts): a rounding near the input has the whole network to grow through.
+FP32_FIRST = 0.1
 # The validation split must reach the target plus this share of what the gate allows (0.99: 0.992): it has 16
 # samples, the held-out gate 32 others.
 VALIDATION_MARGIN = 0.2
@@ -74,8 +79,9 @@ def quantize(openvino: Any, model: Any, quantization: Any, program: Any,
         raise BackendError("NNCF could not quantize the OpenVINO model: {}: {}".format(
             type(error).__name__, str(error).strip().splitlines()[-1:] or ""),
             hint="try --backend onnxruntime or tflite, or report this with EDGEDYN_DEBUG=1 output")
-    float_words = "; the first {} of {} computing layers float ({})".format(
-        first["first"], first["of"], first["computes_in"]) if first["first"] else ""
+    float_words = "; the first {} of {} computing layers float ({}{})".format(
+        first["first"], first["of"], first["computes_in"], ", the first {} of them fp32".format(first["fp32_first"])
+        if 0 < first.get("fp32_first", 0) < first["first"] else "") if first["first"] else ""
     if first.get("accuracy_control"):
         float_words = "; NNCF's accuracy control put layers back in float"
     record = {"mode": quantization.mode, "backend": "openvino",
@@ -97,7 +103,7 @@ def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: An
             precision: str) -> Tuple[Any, Dict[str, Any], List[str], Optional[Ir]]:
     """(the int8 model, its float prefix's record, the prefix's layer names, None or the IR with the prefix marked
     fp32): the smallest share of FLOAT_FIRST whose int8 model meets the target on the validation split, its float
-    layers in `precision`, or in fp32 when that misses. Shares that cut the same prefix (the cut extends to the next
+    layers in `precision`, or, when that misses, with their first ones in fp32 (fp32_parts). Shares that cut the same prefix (the cut extends to the next
     convolution) are tried once."""
     import xml.etree.ElementTree as ElementTree
 
@@ -142,11 +148,16 @@ def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: An
             return quantized, first, names, None
         if names and precision != FP32:
             xml, weights = serialized(openvino, quantized)
-            marked = (mark_named_fp32(xml, set(names)), weights)
-            cosine = reached(core.read_model(marked[0], openvino.Tensor(np.frombuffer(weights, np.uint8))))
-            tried.append("{:.4f} (first {:.0%} in fp32)".format(cosine, share))
-            if cosine >= want:
-                return quantized, dict(first, computes_in=FP32), names, marked
+            tenth = [layer.get("name") for layer in first_layers(root, FP32_FIRST)[0]]
+            for kept in fp32_parts(tenth, names):
+                marked = (mark_named_fp32(xml, set(kept)), weights)
+                cosine = reached(core.read_model(marked[0], openvino.Tensor(np.frombuffer(weights, np.uint8))))
+                whole = len(kept) == len(names)
+                tried.append("{:.4f} (first {:.0%} in {})".format(cosine, share, "fp32" if whole else "{}, its first "
+                                                                   "{} layers fp32".format(precision, len(kept))))
+                if cosine >= want:
+                    return quantized, dict(first, computes_in=FP32 if whole else precision, fp32_first=len(kept),
+                                           fp32_share=share if whole else FP32_FIRST), names, marked
     if ranked > MAX_RANKED:
         raise BackendError("NNCF's int8 reaches cosine {} on the validation split, below the target {:g} (+{:g} "
                            "margin), and its accuracy control would rank {} quantized layers one by one (over {}: "
@@ -165,6 +176,12 @@ def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: An
 MAX_RANKED = 128
 MAX_RESTORED = 12
 RANKING_SAMPLES = 8
+
+
+def fp32_parts(tenth: List[str], prefix: List[str]) -> List[List[str]]:
+    """The layers of a float prefix to mark fp32, in the order tried: its first FP32_FIRST of the network (`tenth`)
+    when that is a part of it, then all of it."""
+    return ([tenth] if 0 < len(tenth) < len(prefix) else []) + [prefix]
 
 
 def _accuracy_control(nncf: Any, model: Any, calibration: Any, validation: List[List[np.ndarray]],
