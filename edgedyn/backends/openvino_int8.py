@@ -103,8 +103,8 @@ def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: An
             precision: str) -> Tuple[Any, Dict[str, Any], List[str], Optional[Ir]]:
     """(the int8 model, its float prefix's record, the prefix's layer names, None or the IR with the prefix marked
     fp32): the smallest share of FLOAT_FIRST whose int8 model meets the target on the validation split, its float
-    layers in `precision`, or, when that misses, with their first ones in fp32 (fp32_parts). Shares that cut the same prefix (the cut extends to the next
-    convolution) are tried once."""
+    layers in `precision`, or, when that misses, with their first ones in fp32 (fp32_parts). Shares that cut the
+    same prefix (the cut extends to the next convolution) are tried once."""
     import xml.etree.ElementTree as ElementTree
 
     from edgedyn.backends.openvino_marks import first_layers, mark_named_fp32, serialized
