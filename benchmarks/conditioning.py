@@ -80,12 +80,11 @@ def noisy_weights(module: Any, share: float = NOISE, seed: int = 0) -> Any:
 
 def worst_mean_cosine(run: Callable[[Any], Any], inputs: List[Any], references: List[List[Any]]) -> float:
     """The lowest over outputs of the mean over inputs of the cosine of `run`'s output to the reference: the
-    cosine edgedyn's gates read (edgedyn.quantize.accuracy.output_metrics)."""
-    from edgedyn.quantize.accuracy import output_metrics
+    cosine edgedyn's gates read (edgedyn.quantize.accuracy.worst_cosine)."""
+    from edgedyn.quantize.accuracy import worst_cosine
 
     got = [[o.detach().float().numpy() for o in _outputs(run(x))] for x in inputs]
-    want = [[o.detach().float().numpy() for o in wanted] for wanted in references]
-    return min(output_metrics([g[i] for g in got], [w[i] for w in want])["cosine"] for i in range(len(want[0])))
+    return worst_cosine(got, [[o.detach().float().numpy() for o in wanted] for wanted in references])
 
 
 def _outputs(result: Any) -> List[Any]:

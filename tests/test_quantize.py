@@ -372,7 +372,7 @@ def test_the_search_keeps_ops_in_float_until_the_target_is_met(monkeypatch, cosi
     monkeypatch.setattr(sensitivity, "_run", lambda m, names, batches: m)  # a "model" here is its Attempt
     monkeypatch.setattr(sensitivity, "_layers_by_error", lambda onnx, model, quantized, names, batches, skip: [
         (5.0, node) for node in model.graph.node if node.name == "mid" and node.name not in skip])
-    monkeypatch.setattr(sensitivity, "_cosine", lambda got, want: cosines[got.method, tuple(sorted(got.excluded))]
+    monkeypatch.setattr(sensitivity, "worst_cosine", lambda got, want: cosines[got.method, tuple(sorted(got.excluded))]
                         if isinstance(got, sensitivity.Attempt) else 1.0)
     quantization = Quantization(mode="int8", calibration=[[np.ones((1, 4, 8, 8), np.float32)]] * 8)
     found = sensitivity.search(onnx_module(), model, quantization, ["x"], lambda how, batches: how)

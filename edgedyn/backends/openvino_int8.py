@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from edgedyn.errors import BackendError, MissingDependencyError
-from edgedyn.quantize.accuracy import INT8_TOLERANCE, output_metrics
+from edgedyn.quantize.accuracy import INT8_TOLERANCE, worst_cosine
 from edgedyn.runtime.precision import FP32
 
 VALIDATION_SHARE = 4  # one calibration batch in this many validates
@@ -130,6 +130,7 @@ def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: An
     tried = []  # type: List[str]
     ranked = 0  # the quantized layers of every-layer int8: what accuracy control would rank
     lengths = set()  # the prefix lengths tried
+    tenth = [layer.get("name") for layer in first_layers(root, FP32_FIRST)[0]]  # what fp32_parts may mark first
     for share in FLOAT_FIRST:
         layers, total = first_layers(root, share)
         names = [layer.get("name") for layer in layers]
@@ -148,7 +149,6 @@ def _static(nncf: Any, openvino: Any, model: Any, quantization: Any, program: An
             return quantized, first, names, None
         if names and precision != FP32:
             xml, weights = serialized(openvino, quantized)
-            tenth = [layer.get("name") for layer in first_layers(root, FP32_FIRST)[0]]
             for kept in fp32_parts(tenth, names):
                 marked = (mark_named_fp32(xml, set(kept)), weights)
                 cosine = reached(core.read_model(marked[0], openvino.Tensor(np.frombuffer(weights, np.uint8))))
@@ -206,8 +206,7 @@ def _worst_cosine(compiled: Any, batches: List[Any], references: List[List[np.nd
     """The lowest over outputs of the mean cosine of a compiled model's outputs on `batches` to `references`: the
     validation split's metric, for the float prefixes and for NNCF's accuracy control."""
     got = [[np.asarray(v) for v in compiled(list(inputs)).values()] for inputs in batches]
-    return min(output_metrics([g[i] for g in got], [w[i] for w in references])["cosine"]
-               for i in range(len(references[0])))
+    return worst_cosine(got, references)
 
 
 def _float_computing(model: Any) -> List[str]:

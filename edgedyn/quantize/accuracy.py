@@ -103,6 +103,12 @@ def output_metrics(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> Dic
     return metrics
 
 
+def worst_cosine(got: Sequence[Sequence[np.ndarray]], want: Sequence[Sequence[np.ndarray]]) -> float:
+    """The lowest, over outputs, of the mean per-sample cosine (output_metrics) of batches `got` to `want`: every
+    output must keep its accuracy."""
+    return min(output_metrics([g[i] for g in got], [w[i] for w in want])["cosine"] for i in range(len(want[0])))
+
+
 def compare_outputs(names: Sequence[str], got: Sequence[Sequence[np.ndarray]],
                     want: Sequence[Sequence[np.ndarray]]) -> List[Dict[str, Any]]:
     """Per output (named `names`), over the batches: output_metrics, and for the outputs of a detection group

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgedyn.quantize.accuracy import output_metrics
+from edgedyn.quantize.accuracy import worst_cosine
 
 SENSITIVE_OPS = ("Softmax", "LayerNormalization", "Gelu", "Sigmoid", "HardSigmoid", "Tanh", "Erf", "Pow", "Sqrt",
                  "ReduceMean", "Div")
@@ -109,7 +109,7 @@ def search(onnx: Any, model: Any, quantization: Any, input_names: List[str],
                 tried[index] = (cosine, how, quantized)  # the same nodes, measured already: keep the newer reason
                 return cosine
         quantized = quantize(how, calibrate)
-        cosine = _cosine(_run(quantized, input_names, check), reference)
+        cosine = worst_cosine(_run(quantized, input_names, check), reference)
         tried.append((cosine, how, quantized))
         log.append({"scheme": how.scheme, "method": how.method if how.scheme == "static" else None,
                     "kept_float": len(how.kept), "float_op_types": sorted({op for _, op, _ in how.kept}),
@@ -292,9 +292,3 @@ def _run(model: Any, input_names: List[str], batches: List[List[np.ndarray]]) ->
     options.log_severity_level = 3
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return [session.run(None, dict(zip(input_names, batch))) for batch in batches]
-
-
-def _cosine(got: List[List[np.ndarray]], want: List[List[np.ndarray]]) -> float:
-    """The lowest, over outputs, of the mean per-sample cosine: every output must keep its accuracy."""
-    outputs = len(want[0])
-    return min(output_metrics([g[i] for g in got], [w[i] for w in want])["cosine"] for i in range(outputs))
