@@ -22,6 +22,8 @@ from typing import Any, Dict, List
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import arm  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results"
 NAMES = ["boxes", "scores", "labels", "count"]
 
@@ -91,9 +93,7 @@ def main() -> None:
 
     def row(label: str, got_heads: List[Any], bf16: bool = False, **extra: Any) -> Dict[str, Any]:
         compared = compare_outputs(NAMES, [_nms(h, options, bf16) for h in got_heads], want)[0]
-        a = np.concatenate([h.ravel() for h in got_heads]).astype(np.float64)
-        b = np.concatenate([h.ravel() for h in eager]).astype(np.float64)
-        entry = dict(extra, variant=label, head_cosine=float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))),
+        entry = dict(extra, variant=label, head_cosine=arm.cosine(got_heads, eager),
                      **{key: compared[key] for key in ("rows_matched", "rows_expected", "rows_returned",
                                                        "row_agreement")})
         print("| {} | {:.6f} | {}/{} | {:.1%} |".format(label, entry["head_cosine"], entry["rows_matched"],
