@@ -72,16 +72,36 @@ _HOST = None  # type: Optional[FrozenSet[str]]
 
 
 def host_features() -> FrozenSet[str]:
-    """This CPU's features (x86: /proc/cpuinfo flags; aarch64: AT_HWCAP, which qemu-user sets for the emulated CPU,
-    then /proc/cpuinfo); empty when neither can be read. Read once per process."""
+    """This CPU's features (x86: /proc/cpuinfo flags less those CPUID denies; aarch64: AT_HWCAP, which qemu-user
+    sets for the emulated CPU, then /proc/cpuinfo); empty when neither can be read. Read once per process."""
     global _HOST
     if _HOST is None:
         features = set()  # type: set
         if platform.machine() in ("aarch64", "arm64"):
             features.update(_hwcap_features())
         features.update(_cpuinfo_features())
+        if platform.machine() in ("x86_64", "AMD64"):
+            features.difference_update(_cpuid_denied())
         _HOST = frozenset(features)
     return _HOST
+
+
+# The flags of NATIVE as numpy's own CPUID reading names them (numpy's __cpu_features__, which its kernel dispatch
+# reads). Where /proc/cpuinfo and CPUID disagree (qemu-user shows the host's cpuinfo to an emulated x86 CPU without
+# AVX-512; a hypervisor may mask a flag), OpenVINO and ncnn go by CPUID, and so does the choice between artifacts.
+CPUID_NAMES = {"avx512_bf16": "AVX512BF16", "avx512_fp16": "AVX512FP16"}
+
+
+def _cpuid_denied() -> FrozenSet[str]:
+    """The flags of CPUID_NAMES that numpy finds missing from this CPU's CPUID; none when numpy does not say."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as found  # numpy 2
+    except ImportError:
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__ as found  # numpy 1.x (the boards' Python 3.8)
+        except ImportError:
+            return frozenset()
+    return frozenset(flag for flag, name in CPUID_NAMES.items() if found.get(name) is False)
 
 
 def _cpuinfo_features(path: str = "/proc/cpuinfo") -> FrozenSet[str]:
@@ -113,6 +133,16 @@ def effective(precision: str, arch: str, features: Optional[Iterable[str]] = Non
         return precision, None
     return FP32, "{} artifact computes in fp32 here: this CPU lacks {}".format(precision,
                                                                               missing_words(precision, arch))
+
+
+def fallback_reason(artifact: Dict[str, Any], arch: str) -> Optional[str]:
+    """Why a CPU artifact that has another after it is passed over here: its reduced precision is not native on this
+    CPU, and the export put the fastest fp32 candidate after it for such a CPU (edgedyn/selection.py); else None."""
+    precision = artifact.get("precision", FP32)
+    if precision not in REDUCED or is_native(precision, arch, host_features()):
+        return None
+    return "its {} needs {}, which this CPU lacks: the fp32 artifact after it runs".format(
+        precision, missing_words(precision, arch))
 
 
 def fp32_layers_words(artifact: Dict[str, Any]) -> Optional[str]:
