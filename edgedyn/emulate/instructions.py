@@ -152,15 +152,19 @@ def _compile(target: Path) -> None:
 
 
 def count_program(program: Path, argv: Sequence[str], cpu: str, root: Optional[Path] = None,
-                  env: Optional[Mapping[str, str]] = None, cwd: Optional[Path] = None, timeout: float = 3600) -> Count:
+                  env: Optional[Mapping[str, str]] = None, cwd: Optional[Path] = None, timeout: float = 3600,
+                  qemu: str = QEMU) -> Count:
     """The guest instructions of the aarch64 `program ARGV` under qemu-user -cpu `cpu` (`-L root` when given),
-    start to exit, every thread included; `env` is its whole environment. A program that fails is an error."""
-    check_cpu(cpu)
+    start to exit, every thread included; `env` is its whole environment. A program that fails is an error.
+    `qemu` another qemu-user of the same package (benchmarks/x86_avx2.py counts x86-64 programs under
+    qemu-x86_64 and one of its CPU models, which `cpu` then names unchecked)."""
+    if qemu == QEMU:
+        check_cpu(cpu)
     plugin = plugin_library()
     with tempfile.TemporaryDirectory(prefix="edgedyn-count-") as work:
         out = Path(work) / "count.json"
         # The qemu on this process's PATH (the one checked), not whichever the guest's PATH would find.
-        command = [str(shutil.which(QEMU)), *(["-L", str(root)] if root is not None else []), "-cpu", cpu,
+        command = [str(shutil.which(qemu)), *(["-L", str(root)] if root is not None else []), "-cpu", cpu,
                    "-plugin", "{},out={}".format(plugin.path, out), str(program), *argv]
         if "," in str(out) or "," in str(plugin.path):  # qemu splits -plugin's argument at commas
             raise EmulationError("the counting plugin's paths hold a comma: {}, {}".format(plugin.path, out),
