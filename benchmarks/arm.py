@@ -171,6 +171,7 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
     from edgedyn.emulate.board import prepare
     from edgedyn.registry import BACKENDS
     from edgedyn.runtime import read_manifest
+    from edgedyn.runtime.format import kept_artifact
 
     model, inputs, kind = fullsize.MODELS[name]()
     with torch.no_grad():
@@ -180,7 +181,7 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
     say("[{}] edgedyn's default export for {}".format(name, board_name))
     bundle = edgedyn.export(model, inputs, board=board_name, output=workdir / "{}.edgedyn".format(name),
                             progress=lambda line: say("[{}] {}".format(name, line)))
-    artifact = read_manifest(bundle)["specializations"][0]["artifacts"][-1]
+    artifact = kept_artifact(read_manifest(bundle)["specializations"][0])
     selection = artifact["selection"]
     record["edgedyn"] = {"chosen": selection.get("candidate"), "precision": artifact.get("precision", "fp32"),
                          "mode": selection["mode"], "instructions_per_call": selection.get("instructions_per_call"),
@@ -192,7 +193,7 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
         say("[{}] edgedyn with --max-accuracy-drop {}".format(name, LOOSE_GATE))
         loose = edgedyn.export(model, inputs, board=board_name, output=workdir / "{}-loose.edgedyn".format(name),
                                max_accuracy_drop=LOOSE_GATE, progress=lambda line: say("[{}] {}".format(name, line)))
-        chosen = read_manifest(loose)["specializations"][0]["artifacts"][-1]
+        chosen = kept_artifact(read_manifest(loose)["specializations"][0])
         record["edgedyn_loose"] = {"gate": LOOSE_GATE, "chosen": chosen["selection"].get("candidate"),
                                    "precision": chosen.get("precision", "fp32"),
                                    "instructions_per_call": chosen["selection"].get("instructions_per_call"),

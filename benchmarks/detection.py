@@ -133,13 +133,14 @@ def prepare(variant: str, size: int, model: Any, weights: Path, workdir: Path) -
 
         import edgedyn
         from edgedyn.runtime import read_manifest
+        from edgedyn.runtime.format import kept_artifact
 
         nms = ",".join("{}={}".format(k, v) for k, v in sorted(NMS.items()))
         path = edgedyn.export(model, (torch.rand(1, 3, size, size),), board="x86-64", nms=nms,
                               preprocess="letterbox,order=bgr",
                               output=str(workdir / "{}-{}.edgedyn".format(MODEL, size)))
         task["bundle"] = str(path)
-        artifact = read_manifest(path)["specializations"][0]["artifacts"][-1]
+        artifact = kept_artifact(read_manifest(path)["specializations"][0])
         task["recorded"] = {"backend": artifact["backend"], "selection": artifact.get("selection")}
     elif variant != "torch-eager":
         raise ValueError("unknown variant {!r}".format(variant))

@@ -215,6 +215,7 @@ def prepare(variant: str, name: str, workdir: Path, args: argparse.Namespace) ->
     if variant.startswith("edgedyn-"):
         import edgedyn
         from edgedyn.runtime import read_manifest
+        from edgedyn.runtime.format import kept_artifact
 
         options = {"precision": "fp32" if variant == "edgedyn-fp32" else "auto"}  # type: Dict[str, Any]
         if variant == "edgedyn-int8":
@@ -223,7 +224,7 @@ def prepare(variant: str, name: str, workdir: Path, args: argparse.Namespace) ->
         path = edgedyn.export(model, inputs, board="x86-64", backend=args.edgedyn_backend,
                               output=str(base) + ".edgedyn", **options)
         task["bundle"] = str(path)
-        artifact = read_manifest(path)["specializations"][0]["artifacts"][-1]
+        artifact = kept_artifact(read_manifest(path)["specializations"][0])
         task["recorded"] = {"backend": artifact["backend"], "precision": artifact.get("precision", "fp32"),
                             "selection": artifact.get("selection")}
         if "accuracy" in artifact:

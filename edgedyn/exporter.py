@@ -94,12 +94,11 @@ def export(model: Any, example_inputs: Any = None, *, board: str = "x86-64",
         accuracy = None if cpu_precision == "fp32" else float_gate(
             spec, eval_inputs if quantizing is None else None, max_accuracy_drop)
         probe = _probe(captured, target_board, spec, optimized, model, pipeline)
-        if device != "gpu" and quantizing is not None:
-            artifacts.append(_quantized_artifact(quantizing, backend, optimized, target_board, target, spec, step,
-                                                 cpu_precision, accuracy, probe))
-        elif device != "gpu":
-            artifacts.append(choose(backend, optimized, target_board, target, spec, progress=step,
-                                    precision=cpu_precision, accuracy=accuracy, probe=probe))
+        if device != "gpu":
+            kept = choose(backend, optimized, target_board, target, spec, progress=step, precision=cpu_precision,
+                          accuracy=accuracy, probe=probe) if quantizing is None else _quantized_artifact(
+                quantizing, backend, optimized, target_board, target, spec, step, cpu_precision, accuracy, probe)
+            artifacts += [kept] + ([kept.fallback] if kept.fallback is not None else [])  # for CPUs without bf16
         records.append(_specialization_record(writer, index, spec, optimized, artifacts))
         if no_gpu_code is not None:
             records[-1]["no_gpu_code"] = no_gpu_code

@@ -30,7 +30,7 @@ from edgedyn.candidates import (INT8, Candidate, TuningRejectedWarning, builder,
                                 no_candidate, nothing_built, untuned_if_wrong)
 from edgedyn.frontend import Specialization
 from edgedyn.runtime.format import host_arch
-from edgedyn.runtime.precision import REDUCED
+from edgedyn.runtime.precision import FP32, REDUCED, is_native, missing_words
 from edgedyn.turns import DEFAULT_TIMING, Timing, attempt, timed_in_turns
 
 __all__ = ["Candidate", "DEFAULT_TIMING", "Timing", "TuningRejectedWarning", "candidate_list", "candidates",
@@ -189,7 +189,39 @@ def _measured(build: Callable[[Candidate], Artifact], board: Board, spec: Specia
         selection["threads"] = threads[chosen]
     if threads:
         selection["threads_timed"] = {label: record for label, record in sorted(threads.items())}
+    artifact.fallback = _fp32_fallback(candidate, board, verified, fastest, by_precision, step)
     return _with_selection(artifact, selection)
+
+
+def _fp32_fallback(candidate: Candidate, board: Board, verified: Dict[str, Tuple[Candidate, Artifact]],
+                   fastest: Dict[str, Tuple[float, Optional[int]]], by_precision: Dict[str, Dict[str, Any]],
+                   step: Progress) -> Optional[Artifact]:
+    """The fastest fp32 candidate, to go into the bundle after a kept reduced precision whose CPU feature the board
+    does not promise (x86-64: any x86-64-v2 CPU; bf16 needs AVX512_BF16 or AMX): on a CPU without it the runtime
+    runs this one instead (program.py). None when the kept one is fp32 or int8, the board promises the feature, or
+    the fastest fp32 is the kept artifact's own backend (which computes fp32 there itself).
+
+    Note: measured (benchmarks/x86_avx2.py, qemu-x86_64 -cpu Haswell-v4): ResNet-18's OpenVINO bf16 artifact
+    exported on a Zen 4 executes 410.9M instructions per call in f32 on an AVX2 CPU, the fastest fp32 candidate
+    of the same export (ncnn) 272.6M."""
+    if candidate.precision not in REDUCED or is_native(candidate.precision, board.arch, board.cpu_features):
+        return None
+    fp32 = by_precision.get("fp32")
+    if fp32 is None or verified[fp32["candidate"]][0].backend == candidate.backend:
+        return None
+    label = fp32["candidate"]
+    fallback = verified[label][1]
+    ms, count = fastest[label]
+    if count is not None:
+        fallback.meta["threads"] = count
+    step("kept {} as well, for a CPU without {} ({:.3g} ms here)".format(label, missing_words(
+        candidate.precision, board.arch), ms))
+    return _with_selection(fallback, {
+        "mode": "fallback", "chosen": fallback.backend, "precision": FP32, "candidate": label, "for": candidate.label,
+        "why": "the fastest fp32 candidate ({:.3g} ms{}), run where the CPU lacks {}, which {} needs: {} promises "
+               "no more than {}".format(ms, _on_threads(count), missing_words(candidate.precision, board.arch),
+                                        candidate.label, board.name, ", ".join(board.cpu_features) or "nothing"),
+        "host": host_arch()})
 
 
 def _on_threads(threads: Optional[int]) -> str:

@@ -1,6 +1,8 @@
 """The openvino backend end to end: fp32 equal to torch eager, bf16/fp16 gated and really computed in the reduced
 precision where the CPU has it, the IR checked before OpenVINO reads it, and `auto` over (backend, precision)."""
 import dataclasses
+import os
+import sys
 
 import numpy as np
 import torch
@@ -103,15 +105,115 @@ def test_a_bf16_artifact_computes_fp32_on_a_cpu_without_it_and_says_why(monkeypa
     assert all(r["ok"] for r in program.verify())
 
 
+@pytest.fixture(scope="module")
+def bf16_with_fallback(tmp_path_factory):
+    """The example MobileNetV2 exported for the x86-64 board with auto over OpenVINO and onnxruntime, the timings
+    made to crown OpenVINO bf16 and rank onnxruntime first among fp32 (which candidate is faster is timed for real
+    in the tests above; this is about what the bundle carries after that choice)."""
+    import edgedyn.selection as selection
+
+    require(BF16_HERE, "needs a bf16 winner, which only a CPU with AVX512_BF16 or AMX exports",
+            "run it on such a CPU (Zen 4, Cooper Lake, Sapphire Rapids or newer)")
+
+    def timed(executors, inputs, timing, rejected):  # type: ignore[no-untyped-def]
+        ranks = {"openvino:bf16": 1.0, "onnxruntime": 2.0}  # every other candidate, any thread count: 3 ms
+        return {key: ranks.get(key.split(" on ")[0], 3.0) for key in executors}
+
+    lines = []  # type: list
+    listed = selection.candidate_list
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(selection, "candidate_list", lambda *args: [
+            c for c in listed(*args) if c.backend in ("openvino", "onnxruntime")])  # not minutes of TVM builds
+        patch.setattr(selection, "timed_in_turns", timed)
+        path = edgedyn.export(str(EXAMPLES / "mobilenet_v2.py:MobileNetV2"), inputs=["x=1x3x96x96"],
+                              output=tmp_path_factory.mktemp("fallback") / "m.edgedyn", progress=lines.append)
+    return path, lines
+
+
+def test_a_bf16_winner_carries_the_fastest_fp32_of_another_backend(bf16_with_fallback, monkeypatch, run_cli):
+    """The x86-64 board promises no bf16 (any x86-64-v2 CPU): the kept OpenVINO bf16 artifact is followed by the
+    fastest fp32 candidate, which a CPU without AVX512_BF16 runs instead of OpenVINO in f32, saying why; the
+    export's summary, `inspect` and the runtime name both."""
+    from edgedyn.runtime.format import kept_artifact
+    from edgedyn.runtime.program import would_run
+
+    path, lines = bf16_with_fallback
+    (record,) = rt.read_manifest(path)["specializations"]
+    bf16, fp32 = record["artifacts"]
+    assert (bf16["backend"], bf16["precision"], fp32["backend"], fp32["precision"]) == (
+        "openvino", "bf16", "onnxruntime", "fp32")
+    assert kept_artifact(record) is bf16 and bf16["selection"]["candidate"] == "openvino:bf16"
+    assert fp32["selection"]["mode"] == "fallback" and fp32["selection"]["for"] == "openvino:bf16"
+    assert "run where the CPU lacks avx512_bf16 or amx_bf16" in fp32["selection"]["why"]
+    assert any(line.startswith("kept onnxruntime as well, for a CPU without avx512_bf16") for line in lines)
+    here = rt.load(path)
+    assert here.specializations[0].artifact is not None
+    assert here.specializations[0].artifact["backend"] == "openvino" and here.specializations[0].precision()[0] == "bf16"
+    shown = run_cli("inspect", str(path)).stdout
+    assert "onnxruntime as well: the fp32 fallback of openvino:bf16" in shown and "would run openvino-cpu" in shown
+
+    monkeypatch.setattr(precisions, "_HOST", frozenset({"avx2", "fma"}))  # a CPU without AVX512_BF16
+    why = "its bf16 needs avx512_bf16 or amx_bf16, which this CPU lacks: the fp32 artifact after it runs"
+    assert would_run(record) == {"would_run": "onnxruntime-cpu", "skipped": [["openvino-cpu", why]]}
+    program = rt.load(path)
+    (spec,) = program.specializations
+    assert spec.artifact["backend"] == "onnxruntime" and spec.precision() == ("fp32", None)
+    assert spec.skipped == [("openvino-cpu", why)]
+    assert "onnxruntime-cpu on x86_64 (openvino-cpu not used: its bf16 needs" in spec.selection()
+    results = program.verify()  # fp32 again: torch eager's tolerance, not the bf16 gate
+    assert results and all(r["ok"] and "precision" not in r and r["max_rel"] < RTOL for r in results), results
+    assert_matches_torch(program, "mobilenet_v2", seed=2031)
+
+
+_ON_ANOTHER_CPU = """
+import json, sys
+import numpy as np
+import edgedyn.runtime as rt
+from edgedyn.runtime import precision
+program = rt.load(sys.argv[1], threads=1)
+(spec,) = program.specializations
+print(json.dumps({"features": sorted(f for f in precision.host_features() if "bf16" in f),
+                  "selection": spec.selection(), "verify": program.verify()}, default=float))
+"""
+
+
+def test_a_cpu_without_bf16_runs_the_fp32_fallback(bf16_with_fallback):
+    """The same bundle on a CPU that really lacks AVX512_BF16: qemu-x86_64 emulating a Haswell (AVX2, no AVX-512),
+    whose /proc/cpuinfo is this host's. The runtime goes by CPUID, as OpenVINO does, so it runs onnxruntime in fp32
+    and verifies it against torch eager at the fp32 tolerance."""
+    import json
+    import shutil
+    import subprocess
+
+    from conftest import REPO
+
+    require(shutil.which("qemu-x86_64") is not None, "needs qemu-x86_64 to emulate a CPU without bf16",
+            "sudo apt-get install qemu-user (bash scripts/install.sh)")
+    path, _ = bf16_with_fallback
+    run = subprocess.run(["qemu-x86_64", "-cpu", "Haswell-v4", sys.executable, "-c", _ON_ANOTHER_CPU, str(path)],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["features"] == []  # this host's cpuinfo says avx512_bf16; the emulated CPU's CPUID does not
+    assert seen["selection"].startswith("x=1x3x96x96: onnxruntime-cpu on x86_64 (openvino-cpu not used: its bf16")
+    assert seen["verify"] and all(r["ok"] and r["max_rel"] < RTOL for r in seen["verify"]), seen["verify"]
+
+
 def test_auto_on_this_host_weighs_every_backend_and_precision(tmp_path):
     """The default export's candidates: fp32 on every backend, and bf16 through OpenVINO where the CPU has it, each
     checked (bf16 by the gate) and timed in turns; the record holds every candidate's time."""
     lines = []
     path = edgedyn.export(str(EXAMPLES / "mobilenet_v2.py:MobileNetV2"), inputs=["x=1x3x96x96"],
                           output=tmp_path / "m.edgedyn", progress=lines.append)
+    from edgedyn.runtime.format import kept_artifact
+
     (spec,) = rt.read_manifest(path)["specializations"]
-    (artifact,) = spec["artifacts"]
+    artifact = kept_artifact(spec)
     selection = artifact["selection"]
+    fastest_fp32 = selection["fastest_by_precision"]["fp32"]["candidate"]
+    # a bf16 winner carries the fastest fp32 candidate of another backend, for CPUs without bf16 (tests below)
+    carries = selection["precision"] == "bf16" and not fastest_fp32.startswith(artifact["backend"])
+    assert [a["selection"].get("candidate") for a in spec["artifacts"][1:]] == ([fastest_fp32] if carries else [])
     assert selection["mode"] == "measured" and {"onnxruntime", "openvino"} <= set(selection["medians_ms"])
     assert ("openvino:bf16" in selection["medians_ms"]) == BF16_HERE
     assert selection["candidate"] == (artifact["backend"] if selection["precision"] == "fp32"

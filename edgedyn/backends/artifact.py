@@ -26,6 +26,9 @@ class Artifact:
     # quantize.plan.measure returns it: the export records these numbers rather than running the held-out split
     # again (exporter.py).
     measured: Optional[Dict[str, Any]] = field(default=None, compare=False, repr=False)
+    # An fp32 artifact the bundle carries after this reduced-precision one, for CPUs without its feature
+    # (selection._fp32_fallback); the exporter writes it as the specialization's next artifact.
+    fallback: Optional["Artifact"] = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

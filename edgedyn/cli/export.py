@@ -95,10 +95,15 @@ def export_command(
         bundle.manifest["model"]["name"], bundle.manifest["board"]["name"], ", ".join(chosen), len(specs),
         ", ".join(s["name"] for s in specs), human_bytes(path.stat().st_size)))
     from edgedyn.quantize import plan, precision as precisions
+    from edgedyn.runtime.format import kept_artifact
 
     for spec in specs:
-        for line in (plan.summary(spec["artifacts"][-1]), precisions.summary(spec["artifacts"][-1])):
+        kept = kept_artifact(spec)
+        for line in (plan.summary(kept), precisions.summary(kept)):
             if line:
                 err.print("{}: {}".format(spec["name"], line))
+        if kept is not spec["artifacts"][-1]:  # an fp32 fallback for CPUs without the kept one's precision
+            fallback = spec["artifacts"][-1]["selection"]
+            err.print("{}: {} kept too: {}".format(spec["name"], fallback["candidate"], fallback["why"]))
     out.print(str(path))
 

@@ -182,6 +182,8 @@ def _selection(selection: Dict[str, Any]) -> str:
             selection.get("instructions_per_call", {}).items(), key=lambda kv: kv[1]))
         return "{} (guest instructions per call on the emulated {}, -cpu {}: {}{})".format(
             chosen, selection.get("board"), selection.get("cpu"), counts, rejected)
+    if mode == "fallback":
+        return "{} as well: the fp32 fallback of {}".format(chosen, selection.get("for"))
     if mode == "board preference":
         return "{} (board preference {}{})".format(chosen, " > ".join(selection.get("order", [])),
                                                     "; " + selection["not_measured"]

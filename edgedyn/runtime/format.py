@@ -381,3 +381,12 @@ def pack_arrays(arrays: Dict[str, np.ndarray]) -> bytes:
             np.lib.format.write_array(member, value, allow_pickle=False)
             archive.writestr(zipfile.ZipInfo(key + ".npy", date_time=FIXED_ZIP_TIME), member.getvalue())
     return buffer.getvalue()
+
+
+def kept_artifact(record: Dict[str, Any]) -> Dict[str, Any]:
+    """The CPU artifact the export chose for a specialization's manifest record: its last one, or the one before
+    an fp32 fallback (selection mode "fallback": edgedyn/selection.py)."""
+    artifacts = record["artifacts"]
+    if len(artifacts) > 1 and artifacts[-1].get("selection", {}).get("mode") == "fallback":
+        return artifacts[-2]
+    return artifacts[-1]

@@ -17,7 +17,7 @@ from edgedyn.runtime.fastpath import FastDispatch, call_key
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
 from edgedyn.runtime.frames import frames_of
 from edgedyn.runtime.outputs import build_outputs, flatten_outputs  # noqa: F401 (flatten_outputs: re-exported)
-from edgedyn.runtime.precision import FP32, REDUCED
+from edgedyn.runtime.precision import FP32, REDUCED, fallback_reason
 
 log = logging.getLogger("edgedyn.runtime")
 DEVICES = ("auto", "cpu", "gpu")
@@ -69,8 +69,9 @@ def artifact_label(artifact: Dict[str, Any]) -> str:
     return "{}-{}".format(artifact["backend"], artifact["device"]) + (" ({})".format(gpu) if gpu else "")
 
 
-def unusable_reason(artifact: Dict[str, Any], arch: str, device: str) -> Optional[str]:
-    """None when the artifact may run on this machine under the --device choice, else why not."""
+def unusable_reason(artifact: Dict[str, Any], arch: str, device: str, last: bool = True) -> Optional[str]:
+    """None when the artifact may run on this machine under the --device choice, else why not. One that is not the
+    `last` is also passed over where its reduced precision is not native (an fp32 fallback follows it)."""
     if artifact.get("arch") not in (None, arch):
         return "built for {}, this machine is {}".format(artifact["arch"], arch)
     on_gpu = artifact.get("device", "cpu") != "cpu"
@@ -78,15 +79,15 @@ def unusable_reason(artifact: Dict[str, Any], arch: str, device: str) -> Optiona
         return "--device cpu"
     if device == "gpu" and not on_gpu:
         return "--device gpu"
-    return gpu_unusable_reason(artifact) if on_gpu else None
+    return gpu_unusable_reason(artifact) if on_gpu else None if last else fallback_reason(artifact, arch)
 
 
 def would_run(record: Dict[str, Any]) -> Dict[str, Any]:
     """Which artifact of a specialization's manifest record this machine would run under --device auto (nothing is
     loaded), and why it would skip the ones before it: {"would_run": label or None, "skipped": [[label, why]]}."""
     skipped = []  # type: List[List[str]]
-    for artifact in record["artifacts"]:
-        reason = unusable_reason(artifact, host_arch(), "auto")
+    for index, artifact in enumerate(record["artifacts"]):
+        reason = unusable_reason(artifact, host_arch(), "auto", index == len(record["artifacts"]) - 1)
         if reason is None:
             return {"would_run": artifact_label(artifact), "skipped": skipped}
         skipped.append([artifact_label(artifact), reason])
@@ -124,7 +125,7 @@ class Program:
         arch = host_arch()
         artifacts = spec.record["artifacts"]
         for index, artifact in enumerate(artifacts):
-            reason = unusable_reason(artifact, arch, device)
+            reason = unusable_reason(artifact, arch, device, index == len(artifacts) - 1)
             if reason is None:
                 try:
                     spec.executor = self._open(spec, artifact, threads, pool)
@@ -260,8 +261,7 @@ class Program:
         values = dict(spec.record["constants"])
         wanted = ["input." + name for name in spec.inputs] + ["output.{}".format(i) for i in range(len(spec.outputs))]
         _require_arrays(arrays, wanted, spec.record["reference"])
-        for name in spec.inputs:
-            values[name] = arrays["input." + name]
+        values.update({name: arrays["input." + name] for name in spec.inputs})
         return values, [arrays["output.{}".format(i)] for i in range(len(spec.outputs))]
 
     def verify(self) -> List[Dict[str, Any]]:
