@@ -289,6 +289,18 @@ def table(results: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def summarized(paths: Optional[List[str]], table_of: Callable[[Dict[str, Any]], str]) -> bool:
+    """--summarize: prints the table of each earlier results file; whether it was given."""
+    for path in paths or []:
+        print(table_of(json.loads(Path(path).read_text())))
+    return bool(paths)
+
+
+def say(line: str) -> None:
+    """Progress, to stderr (stdout holds the table)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -296,14 +308,9 @@ def main() -> None:
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--summarize", nargs="+", metavar="RESULTS.json")
     args = parser.parse_args()
-    if args.summarize:
-        for path in args.summarize:
-            print(table(json.loads(Path(path).read_text())))
+    if summarized(args.summarize, table):
         return
     from edgedyn.boards import load_board
-
-    def say(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
 
     boards = [b for b in args.boards.split(",") if b]
     results = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

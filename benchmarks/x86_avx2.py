@@ -206,26 +206,22 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, from benchmarks/fullsize.py")
     parser.add_argument("--summarize", nargs="+", metavar="RESULTS.json")
     args = parser.parse_args()
-    if args.summarize:
-        for path in args.summarize:
-            print(table(json.loads(Path(path).read_text())))
+    if arm.summarized(args.summarize, table):
         return
     import speed
     from edgedyn.emulate.instructions import LABEL
 
-    def say(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
     results = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "cpu": CPU, "qemu": QEMU, "exported_on": {"cpu_model": speed.cpu_model(),
-                                                                 "cpu_flags": speed.cpu_features()}, "edgedyn_commit": arm.commit(),
+                                                         "cpu_flags": speed.cpu_features()},
+               "edgedyn_commit": arm.commit(),
                "label": LABEL.format(board="x86-64 CPU without AVX-512", cpu=CPU), "calls": arm.CALLS,
                "models": {}}  # type: Dict[str, Any]
     arm.RESULTS.mkdir(parents=True, exist_ok=True)
     out = arm.RESULTS / "x86-avx2-{}.json".format(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     for name in [m for m in args.models.split(",") if m]:
         with tempfile.TemporaryDirectory(prefix="edgedyn-x86-avx2-") as workdir:
-            results["models"][name] = bench_model(name, Path(workdir), say)
+            results["models"][name] = bench_model(name, Path(workdir), arm.say)
         out.write_text(json.dumps(results, indent=2, sort_keys=True))
     print(table(results))
     print("results: {}".format(out.relative_to(REPO)))

@@ -146,9 +146,8 @@ def test_a_bf16_winner_carries_the_fastest_fp32_of_another_backend(bf16_with_fal
     assert fp32["selection"]["mode"] == "fallback" and fp32["selection"]["for"] == "openvino:bf16"
     assert "run where the CPU lacks avx512_bf16 or amx_bf16" in fp32["selection"]["why"]
     assert any(line.startswith("kept onnxruntime as well, for a CPU without avx512_bf16") for line in lines)
-    here = rt.load(path)
-    assert here.specializations[0].artifact is not None
-    assert here.specializations[0].artifact["backend"] == "openvino" and here.specializations[0].precision()[0] == "bf16"
+    (here,) = rt.load(path).specializations
+    assert here.artifact is not None and here.artifact["backend"] == "openvino" and here.precision()[0] == "bf16"
     shown = run_cli("inspect", str(path)).stdout
     assert "onnxruntime as well: the fp32 fallback of openvino:bf16" in shown and "would run openvino-cpu" in shown
 
