@@ -20,7 +20,8 @@ from edgedyn.frontend.preprocess import parse_preprocess, preprocess_record
 from edgedyn.passes import PIPELINES, run_pipeline
 from edgedyn.passes.graph import op_count
 from edgedyn.runtime.format import SUFFIX, host_arch, pack_arrays
-from edgedyn.runtime.program import DEVICES, unusable_reason
+from edgedyn.runtime.choice import unusable_reason
+from edgedyn.runtime.program import DEVICES
 from edgedyn.selection import choose
 from edgedyn.version import __version__
 

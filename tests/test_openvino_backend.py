@@ -135,7 +135,7 @@ def test_a_bf16_winner_carries_the_fastest_fp32_of_another_backend(bf16_with_fal
     fastest fp32 candidate, which a CPU without AVX512_BF16 runs instead of OpenVINO in f32, saying why; the
     export's summary, `inspect` and the runtime name both."""
     from edgedyn.runtime.format import kept_artifact
-    from edgedyn.runtime.program import would_run
+    from edgedyn.runtime.choice import would_run
 
     path, lines = bf16_with_fallback
     (record,) = rt.read_manifest(path)["specializations"]
@@ -162,6 +162,25 @@ def test_a_bf16_winner_carries_the_fastest_fp32_of_another_backend(bf16_with_fal
     results = program.verify()  # fp32 again: torch eager's tolerance, not the bf16 gate
     assert results and all(r["ok"] and "precision" not in r and r["max_rel"] < RTOL for r in results), results
     assert_matches_torch(program, "mobilenet_v2", seed=2031)
+
+
+def test_verify_checks_the_fallback_too(bf16_with_fallback, run_cli):
+    """On a CPU that runs the bf16 artifact, `edgedyn verify` also runs the fp32 fallback (load(fallbacks=True)),
+    against torch eager at the fp32 tolerance: a bundle for a mixed fleet is checked whole before it ships."""
+    from edgedyn.fleet.device import verify_report
+
+    path, _ = bf16_with_fallback
+    report = verify_report(str(path))
+    by_artifact = {r["artifact"]: r for r in report["results"]}
+    assert sorted(by_artifact) == ["onnxruntime", "openvino"] and report["ok"], report["results"]
+    assert by_artifact["openvino"]["precision"] == "bf16" and by_artifact["openvino"]["min_cosine"] == 0.999
+    assert "precision" not in by_artifact["onnxruntime"] and by_artifact["onnxruntime"]["max_rel"] < RTOL
+    assert report["using"][1] == ("x=1x3x96x96: onnxruntime-cpu on x86_64 (openvino-cpu not used: passed over to "
+                                  "check the fp32 artifact after it)")
+    shown = run_cli("verify", str(path))
+    assert shown.returncode == 0 and "verified 2 output(s) of 1 specialization(s)" in shown.stderr, shown.stderr
+    (spec,) = rt.load(path, fallbacks=True).specializations
+    assert spec.artifact["backend"] == "onnxruntime"
 
 
 _ON_ANOTHER_CPU = """

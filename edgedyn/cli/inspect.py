@@ -32,7 +32,7 @@ def inspect_command(
 
         show_memory(opened, picture_dir or Path.cwd())
         return
-    from edgedyn.runtime.program import would_run
+    from edgedyn.runtime.choice import would_run
 
     here = {spec["name"]: would_run(spec) for spec in manifest["specializations"]}
     if emit_json(dict(manifest, bundle={"path": str(bundle), "sha256": opened.sha256, "size": bundle.stat().st_size},

@@ -11,20 +11,30 @@ import numpy as np
 from edgedyn.runtime import sysinfo
 from edgedyn.runtime.bench import BenchConfig, run_benchmark
 from edgedyn.runtime.format import Bundle, host_arch
-from edgedyn.runtime.program import flatten_outputs, load, would_run
+from edgedyn.runtime.choice import artifact_label, would_run
+from edgedyn.runtime.program import flatten_outputs, load
 
 
 def verify_report(path: str, threads: Optional[int] = None, device: str = "auto",
                   trusted_keys: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
-    """`edgedyn verify --json`'s report: every specialization on its reference inputs against torch eager.
+    """`edgedyn verify --json`'s report: every specialization on its reference inputs against torch eager, and the
+    fp32 fallback of each that carries one (runtime/choice.py) where this CPU ran the reduced precision before it.
 
     `trusted_keys` as for edgedyn.runtime.load (EDGEDYN_TRUSTED_KEYS applies when None); `signed_by` says which key
     signed the bundle, when one did."""
     program = load(path, threads=threads, device=device, trusted_keys=trusted_keys)
-    results = program.verify()
+    results, using = program.verify(), [spec.selection() for spec in program.specializations]
+    if device != "gpu" and any(spec.artifact is not spec.record["artifacts"][-1] and spec.artifact["device"] == "cpu"
+                               for spec in program.specializations):
+        # a reduced precision ran, and an fp32 fallback for CPUs without it follows: checked here as well
+        fallbacks = load(path, threads=threads, device="cpu", trusted_keys=trusted_keys, fallbacks=True)
+        seen = {(r["specialization"], r["artifact"]) for r in results}
+        results += [r for r in fallbacks.verify() if (r["specialization"], r["artifact"]) not in seen]
+        ran = {spec.name: artifact_label(spec.artifact) for spec in program.specializations}
+        using += [spec.selection() for spec in fallbacks.specializations
+                  if artifact_label(spec.artifact) != ran[spec.name]]
     return {"bundle": str(path), "ok": all(r["ok"] for r in results), "arch": host_arch(), "results": results,
-            "signed_by": program.bundle.signed_by,
-            "using": [spec.selection() for spec in program.specializations],
+            "signed_by": program.bundle.signed_by, "using": using,
             "selection": {s.name: {"artifact": s.artifact, "skipped": s.skipped} for s in program.specializations}}
 
 

@@ -135,16 +135,6 @@ def effective(precision: str, arch: str, features: Optional[Iterable[str]] = Non
                                                                               missing_words(precision, arch))
 
 
-def fallback_reason(artifact: Dict[str, Any], arch: str) -> Optional[str]:
-    """Why a CPU artifact that has another after it is passed over here: its reduced precision is not native on this
-    CPU, and the export put the fastest fp32 candidate after it for such a CPU (edgedyn/selection.py); else None."""
-    precision = artifact.get("precision", FP32)
-    if precision not in REDUCED or is_native(precision, arch, host_features()):
-        return None
-    return "its {} needs {}, which this CPU lacks: the fp32 artifact after it runs".format(
-        precision, missing_words(precision, arch))
-
-
 def fp32_layers_words(artifact: Dict[str, Any]) -> Optional[str]:
     """"its first N of M layers in fp32" for a mixed artifact's manifest record (its backend's `fp32_layers`, e.g.
     OpenVINO's: edgedyn/candidates.py FP32_SHARES), None for any other."""

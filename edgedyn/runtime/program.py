@@ -9,7 +9,7 @@ from edgedyn.runtime import guards as guard_checks
 from edgedyn.runtime import schema
 from edgedyn.runtime.buckets import BucketDispatch, Finish, arena_pools, load_order
 from edgedyn.runtime.detections import compare_outputs
-from edgedyn.runtime.devices import gpu_unusable_reason
+from edgedyn.runtime.choice import artifact_label, unusable_reason
 from edgedyn.runtime.errors import (BundleError, EdgedynError, ExecutionError, GuardError, MissingDependencyError,
                                     PlatformError)
 from edgedyn.runtime.executors import executor_class
@@ -17,7 +17,7 @@ from edgedyn.runtime.fastpath import FastDispatch, call_key
 from edgedyn.runtime.format import Bundle, PathLike, host_arch
 from edgedyn.runtime.frames import frames_of
 from edgedyn.runtime.outputs import build_outputs, flatten_outputs  # noqa: F401 (flatten_outputs: re-exported)
-from edgedyn.runtime.precision import FP32, REDUCED, fallback_reason
+from edgedyn.runtime.precision import FP32, REDUCED
 
 log = logging.getLogger("edgedyn.runtime")
 DEVICES = ("auto", "cpu", "gpu")
@@ -64,45 +64,16 @@ class Specialization:
         return str(self.artifact.get("precision", FP32)), None
 
 
-def artifact_label(artifact: Dict[str, Any]) -> str:
-    gpu = artifact.get("gpu", {}).get("arch")
-    return "{}-{}".format(artifact["backend"], artifact["device"]) + (" ({})".format(gpu) if gpu else "")
-
-
-def unusable_reason(artifact: Dict[str, Any], arch: str, device: str, last: bool = True) -> Optional[str]:
-    """None when the artifact may run on this machine under the --device choice, else why not. One that is not the
-    `last` is also passed over where its reduced precision is not native (an fp32 fallback follows it)."""
-    if artifact.get("arch") not in (None, arch):
-        return "built for {}, this machine is {}".format(artifact["arch"], arch)
-    on_gpu = artifact.get("device", "cpu") != "cpu"
-    if device == "cpu" and on_gpu:
-        return "--device cpu"
-    if device == "gpu" and not on_gpu:
-        return "--device gpu"
-    return gpu_unusable_reason(artifact) if on_gpu else None if last else fallback_reason(artifact, arch)
-
-
-def would_run(record: Dict[str, Any]) -> Dict[str, Any]:
-    """Which artifact of a specialization's manifest record this machine would run under --device auto (nothing is
-    loaded), and why it would skip the ones before it: {"would_run": label or None, "skipped": [[label, why]]}."""
-    skipped = []  # type: List[List[str]]
-    for index, artifact in enumerate(record["artifacts"]):
-        reason = unusable_reason(artifact, host_arch(), "auto", index == len(record["artifacts"]) - 1)
-        if reason is None:
-            return {"would_run": artifact_label(artifact), "skipped": skipped}
-        skipped.append([artifact_label(artifact), reason])
-    return {"would_run": None, "skipped": skipped}
-
-
 class Program:
     """The callable a bundle becomes on the board: `program(x, n=4)` returns numpy arrays."""
 
-    def __init__(self, bundle: Bundle, threads: Optional[int] = None, device: str = "auto") -> None:
+    def __init__(self, bundle: Bundle, threads: Optional[int] = None, device: str = "auto",
+                 fallbacks: bool = False) -> None:
         if device not in DEVICES:
             raise EdgedynError("unknown device '{}'; choose from: {}".format(device, ", ".join(DEVICES)))
         check_threads(threads)
         started = time.perf_counter()
-        self.bundle = bundle
+        self.bundle, self._fallbacks = bundle, fallbacks
         self.manifest = bundle.manifest
         self.signature = self.manifest["signature"]  # type: List[Dict[str, Any]]
         self.specializations = [Specialization(record) for record in self.manifest["specializations"]]
@@ -125,7 +96,7 @@ class Program:
         arch = host_arch()
         artifacts = spec.record["artifacts"]
         for index, artifact in enumerate(artifacts):
-            reason = unusable_reason(artifact, arch, device, index == len(artifacts) - 1)
+            reason = unusable_reason(artifact, arch, device, index == len(artifacts) - 1, self._fallbacks)
             if reason is None:
                 try:
                     spec.executor = self._open(spec, artifact, threads, pool)
@@ -388,7 +359,7 @@ def _wrong_platform(bundle: Bundle, spec: Specialization, arch: str) -> Platform
 
 
 def load(path: PathLike, threads: Optional[int] = None, device: str = "auto",
-         trusted_keys: Optional[Sequence[Any]] = None) -> Program:
+         trusted_keys: Optional[Sequence[Any]] = None, fallbacks: bool = False) -> Program:
     """Opens a bundle, checks format, checksums and CPU architecture, and returns the callable program.
 
     `device`: "auto" runs GPU artifacts when this machine can (driver, GPU and executor present) and the CPU
@@ -396,5 +367,7 @@ def load(path: PathLike, threads: Optional[int] = None, device: str = "auto",
     `program.specializations[i].selection()`.
     `trusted_keys`: public key files (or raw keys); when given, or when EDGEDYN_TRUSTED_KEYS names any, a bundle
     that is not signed by one of them is refused before any member is parsed or any library loaded.
+    `fallbacks`: run each specialization's fp32 fallback where it carries one (runtime/choice.py), even on a CPU
+    that computes the reduced precision before it: `edgedyn verify` checks both so.
     """
-    return Program(Bundle(path, trusted_keys=trusted_keys), threads=threads, device=device)
+    return Program(Bundle(path, trusted_keys=trusted_keys), threads=threads, device=device, fallbacks=fallbacks)
