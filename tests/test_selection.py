@@ -18,7 +18,7 @@ from edgedyn.runtime.executors import EXECUTORS
 from edgedyn.runtime.format import kept_artifact
 from edgedyn.selection import Timing, candidates, check_backend_name, choose
 
-from conftest import EXAMPLES, require_module
+from conftest import EXAMPLES, REPO, require_module
 
 pytestmark = pytest.mark.requires("onnxruntime")
 FAST = Timing(warmup=1, min_runs=3, max_runs=20, seconds=0.2)
@@ -747,3 +747,41 @@ def test_a_candidate_that_fails_on_the_emulated_board_is_rejected_with_its_excep
         "error: the bundle is for x86_64 hint: export it for the board")
     assert _last_line("qemu: uncaught target signal 11 (Segmentation fault) - core dumped\n") == (
         "qemu: uncaught target signal 11 (Segmentation fault) - core dumped")
+
+
+def test_an_fp32_fallback_only_where_the_board_does_not_promise_the_kept_precision(tmp_path):
+    """A kept bf16 brings the fastest fp32 candidate along for CPUs without bf16 (runtime/choice.py runs it there)
+    only when the board file does not promise bf16, that candidate is another backend, and the kept one is a float
+    reduction (int8 computes anywhere); its measured thread count comes with it."""
+    from edgedyn.candidates import Candidate
+    from edgedyn.selection import _fp32_fallback
+
+    text = (REPO / "boards" / "x86-64.toml").read_text()
+    promising = tmp_path / "zen4.toml"
+    promising.write_text(text.replace('name = "x86-64"', 'name = "zen4"').replace('"cx16"]', '"cx16", "avx512_bf16"]'))
+    generic, zen4 = load_board("x86-64"), load_board(str(promising))
+    assert "avx512_bf16" in zen4.cpu_features and "avx512_bf16" not in generic.cpu_features
+
+    def verified():  # fresh artifacts per call: the fallback's meta is written
+        return {label: (candidate, Artifact(candidate.backend, candidate.backend, "cpu", None, "t", {}, {}))
+                for label, candidate in (("openvino:bf16", Candidate("openvino", "bf16")),
+                                         ("onnxruntime", Candidate("onnxruntime")), ("openvino", Candidate("openvino")),
+                                         ("tflite:int8", Candidate("tflite", "int8")))}
+
+    fastest = {"openvino:bf16": (1.0, None), "onnxruntime": (2.0, 1), "openvino": (2.5, None),
+               "tflite:int8": (0.9, None)}
+    by_precision = {"bf16": {"candidate": "openvino:bf16", "ms": 1.0}, "fp32": {"candidate": "onnxruntime", "ms": 2.0}}
+    said = []  # type: List[str]
+    kept = Candidate("openvino", "bf16")
+    fallback = _fp32_fallback(kept, generic, verified(), fastest, by_precision, said.append)
+    assert fallback is not None and fallback.backend == "onnxruntime" and fallback.meta["threads"] == 1
+    selection = fallback.meta["selection"]
+    assert (selection["mode"], selection["candidate"], selection["for"], selection["precision"]) == (
+        "fallback", "onnxruntime", "openvino:bf16", "fp32")
+    assert "x86-64 promises no more than sse4.2, ssse3, popcnt, cx16" in selection["why"]
+    assert said == ["kept onnxruntime as well, for a CPU without avx512_bf16 or amx_bf16 (2 ms here)"]
+    assert _fp32_fallback(kept, zen4, verified(), fastest, by_precision, said.append) is None
+    own = dict(by_precision, fp32={"candidate": "openvino", "ms": 2.5})  # OpenVINO computes fp32 itself there
+    assert _fp32_fallback(kept, generic, verified(), fastest, own, said.append) is None
+    assert _fp32_fallback(Candidate("tflite", "int8"), generic, verified(), fastest, by_precision, said.append) is None
+    assert _fp32_fallback(Candidate("onnxruntime"), generic, verified(), fastest, by_precision, said.append) is None
