@@ -145,13 +145,11 @@ def count_peer(board: Any, peer: str, path: str, inputs_path: Path, outputs_path
                ncnn_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One peer's instructions per call on the emulated board (its outputs saved to `outputs_path`); an ncnn peer
     with `ncnn_options` set on its Option as well."""
-    from edgedyn.emulate.instructions import MARK_MAGIC, MARK_SYSCALL, count_command
+    from edgedyn.emulate.instructions import MARKS, count_command
 
-    run = count_command(board, ["-c", _GUEST, peer, path, str(inputs_path), str(outputs_path), str(CALLS),
-                                "{},{}".format(MARK_SYSCALL, MARK_MAGIC), json.dumps(ncnn_options or {})])
-    first, empty, last = run.marks
-    per_call = (last - empty - (empty - first)) / CALLS
-    return {"per_call": per_call, "ran": json.loads(run.stdout.strip().splitlines()[-1])["ran"],
+    run = count_command(board, ["-c", _GUEST, peer, path, str(inputs_path), str(outputs_path), str(CALLS), MARKS,
+                                json.dumps(ncnn_options or {})])
+    return {"per_call": run.per_call(CALLS), "ran": json.loads(run.stdout.strip().splitlines()[-1])["ran"],
             "wall_s": round(run.wall_s, 1)}
 
 

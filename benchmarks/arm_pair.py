@@ -56,7 +56,7 @@ def main() -> None:
 
     import edgedyn
     from edgedyn.emulate.board import prepare
-    from edgedyn.emulate.instructions import LABEL, MARK_MAGIC, MARK_SYSCALL, count_command
+    from edgedyn.emulate.instructions import LABEL, MARKS, count_command
     from edgedyn.registry import BACKENDS
 
     backend, _, precision = args.candidate.partition(":")
@@ -73,10 +73,8 @@ def main() -> None:
         board = prepare(bundle, extras=extras)
         saved = work / "inputs.npz"
         np.savez(str(saved), **{"{:03d}".format(i): t.numpy() for i, t in enumerate(inputs)})
-        run = count_command(board, ["-c", _GUEST, str(bundle), str(saved), str(arm.CALLS),
-                                    "{},{}".format(MARK_SYSCALL, MARK_MAGIC)])
-        first, empty, last = run.marks[:3]
-        ours = ((last - empty) - (empty - first)) / arm.CALLS
+        run = count_command(board, ["-c", _GUEST, str(bundle), str(saved), str(arm.CALLS), MARKS])
+        ours = run.per_call(arm.CALLS)
         result["edgedyn"] = {"candidate": args.candidate, "per_call": ours,
                              "precision": json.loads(run.stdout.strip().splitlines()[-1])["precision"]}
         print("edgedyn {}: {:,.0f} instructions per call".format(args.candidate, ours), flush=True)

@@ -71,17 +71,6 @@ def _count(argv: Sequence[str]) -> Any:
         return count_program(Path(sys.executable), argv, CPU, env=env, qemu=QEMU)
 
 
-def _per_call(run: Any) -> float:
-    first, empty, last = run.marks
-    return (last - empty - (empty - first)) / arm.CALLS
-
-
-def _marks() -> str:
-    from edgedyn.emulate.instructions import MARK_MAGIC, MARK_SYSCALL
-
-    return "{},{}".format(MARK_SYSCALL, MARK_MAGIC)
-
-
 def _cosine(outputs: Path, reference: List[Any]) -> float:
     import numpy as np
 
@@ -94,7 +83,7 @@ def count_bundle(bundle: Path, inputs_path: Path, reference: List[Any]) -> Dict[
     """One edgedyn bundle on the emulated CPU: per-call count, what it ran, its cosine there."""
     import numpy as np
 
-    from edgedyn.emulate.instructions import _GUEST
+    from edgedyn.emulate.instructions import _GUEST, MARKS
     from edgedyn.runtime import read_manifest
 
     named = bundle.with_suffix(".inputs.npz")  # `edgedyn bench --inputs` names each array by its argument
@@ -102,16 +91,18 @@ def count_bundle(bundle: Path, inputs_path: Path, reference: List[Any]) -> Dict[
         arrays = [a for _, a in sorted(saved.items())]
     np.savez(str(named), **{p["name"]: a for p, a in zip(read_manifest(bundle)["signature"], arrays)})
     options = json.dumps({"specialization": None, "random_inputs": False, "inputs": str(named)})
-    run = _count(["-c", _GUEST, str(bundle), "1", str(arm.CALLS), options, _marks()])
+    run = _count(["-c", _GUEST, str(bundle), "1", str(arm.CALLS), options, MARKS])
     outputs = bundle.with_suffix(".outputs.npz")
     said = _count(["-c", _OUTPUTS, str(bundle), str(inputs_path), str(outputs)])
-    return {"per_call": _per_call(run), "selection": json.loads(said.stdout.strip().splitlines()[-1])["selection"],
+    return {"per_call": run.per_call(arm.CALLS), "selection": json.loads(said.stdout.strip().splitlines()[-1])["selection"],
             "cosine": _cosine(outputs, reference), "wall_s": round(run.wall_s, 1)}
 
 
 def count_peer(peer: str, path: str, inputs_path: Path, outputs: Path, reference: List[Any]) -> Dict[str, Any]:
-    run = _count(["-c", arm._GUEST, peer, path, str(inputs_path), str(outputs), str(arm.CALLS), _marks(), "{}"])
-    return {"per_call": _per_call(run), "ran": json.loads(run.stdout.strip().splitlines()[-1])["ran"],
+    from edgedyn.emulate.instructions import MARKS
+
+    run = _count(["-c", arm._GUEST, peer, path, str(inputs_path), str(outputs), str(arm.CALLS), MARKS, "{}"])
+    return {"per_call": run.per_call(arm.CALLS), "ran": json.loads(run.stdout.strip().splitlines()[-1])["ran"],
             "cosine": _cosine(outputs, reference), "wall_s": round(run.wall_s, 1)}
 
 
@@ -130,9 +121,10 @@ def bench_model(name: str, workdir: Path, say: Callable[[str], None]) -> Dict[st
     inputs_path = workdir / "inputs.npz"
     np.savez(str(inputs_path), **{"{:03d}".format(i): t.numpy() for i, t in enumerate(inputs)})
     record = {"kind": kind, "edgedyn": {}, "peers": {}}  # type: Dict[str, Any]
-    exports = [("default", {}), ("fp32", {"precision": "fp32"})] + [
+    queue = [("default", {}), ("fp32", {"precision": "fp32"})] + [
         ("{}:fp32".format(backend), {"backend": backend, "precision": "fp32"}) for backend in BACKENDS]
-    for label, options in exports:
+    while queue:
+        label, options = queue.pop(0)
         say("[{}] edgedyn {}: exporting on this host".format(name, label))
         try:
             bundle = edgedyn.export(model, inputs, board="x86-64", output=workdir / "{}.edgedyn".format(
@@ -149,7 +141,7 @@ def bench_model(name: str, workdir: Path, say: Callable[[str], None]) -> Dict[st
         record["edgedyn"][label] = entry
         say("[{}] edgedyn {}: {}".format(name, label, _said(entry)))
         if label == "default" and entry.get("fallback"):  # what the same bundle ran before it carried a fallback
-            exports.insert(1, (KEPT_ALONE, {"backend": chosen["backend"], "precision": chosen["precision"]}))
+            queue.insert(0, (KEPT_ALONE, {"backend": chosen["backend"], "precision": chosen["precision"]}))
     for peer in PEERS:
         folder = workdir / peer.split("-")[0]
         folder.mkdir(exist_ok=True)

@@ -115,19 +115,18 @@ class Measurement:
 
         It runs as counts run: in the board's CPU view (the guest's /proc/cpuinfo names the board's CPU, as XNNPACK
         reads it), one thread, a fixed environment (edgedyn/emulate/instructions.py count_command)."""
-        from edgedyn.emulate.instructions import LABEL, MARK_MAGIC, MARK_SYSCALL, count_command, plugin_library
+        from edgedyn.emulate.instructions import LABEL, MARKS, count_command, plugin_library
         from edgedyn.emulate.rootfs import EmulationError
 
         bundle, inputs, outputs = staged
         board = self._emulated
         try:
             counted = count_command(board, ["-c", _EVALUATE, str(bundle), str(inputs), str(outputs),
-                                            str(COUNTED_CALLS), "{},{}".format(MARK_SYSCALL, MARK_MAGIC)])
+                                            str(COUNTED_CALLS), MARKS])
         except EmulationError as error:
             raise EdgedynError("{} failed on the emulated {} (qemu -cpu {}): {}".format(
                 label, board.name, board.qemu_cpu, _last_line(error.message)))
-        first, empty, last = counted.marks[:3]
-        self._counts[label] = {"per_call": ((last - empty) - (empty - first)) / COUNTED_CALLS,
+        self._counts[label] = {"per_call": counted.per_call(COUNTED_CALLS),
                                "calls": COUNTED_CALLS, "method": "marks", "wall_s": round(counted.wall_s, 1),
                                "label": LABEL.format(board=board.name, cpu=board.qemu_cpu),
                                "plugin": plugin_library().describe()}

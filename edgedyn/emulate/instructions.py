@@ -37,6 +37,7 @@ def _c_define(name: str) -> str:
 
 # A guest marks a point of its run with syscall(MARK_SYSCALL, MARK_MAGIC); the plugin keeps the count there.
 MARK_SYSCALL, MARK_MAGIC = int(_c_define("MARK_SYSCALL"), 16), int(_c_define("MARK_MAGIC"), 16)
+MARKS = "{},{}".format(MARK_SYSCALL, MARK_MAGIC)  # how a guest script is told the two (its argv)
 # Note: counting needs Debian's dynamically linked qemu-user (qemu-user-static cannot load plugins) and a C
 # compiler for the plugin; scripts/install.sh installs both.
 QEMU = "qemu-aarch64"
@@ -113,6 +114,12 @@ class Count:
     wall_s: float
     stdout: str
     stderr: str
+
+    def per_call(self, calls: int) -> float:
+        """Instructions per call of a guest that marked three times: before and after an empty stretch, then after
+        `calls` calls (METHODS["marks"]: the marks' own cost cancels)."""
+        first, empty, last = self.marks
+        return ((last - empty) - (empty - first)) / calls
 
 
 def missing_counting_tools() -> Sequence[str]:
@@ -244,9 +251,8 @@ def count_instructions(bundle: Path, calls: int = 10, board: Optional[EmulatedBo
                           "inputs": str(Path(inputs).resolve()) if inputs is not None else None})
     argv = ["-c", _GUEST, str(Path(bundle).resolve()), str(warmup)]
     if method == "marks":
-        run = count_command(board, argv + [str(calls), options, "{},{}".format(MARK_SYSCALL, MARK_MAGIC)], cpu=cpu)
-        first, empty, last = run.marks
-        per_call, baseline, runs = ((last - empty) - (empty - first)) / calls, first, [run]
+        run = count_command(board, argv + [str(calls), options, MARKS], cpu=cpu)
+        per_call, baseline, runs = run.per_call(calls), run.marks[0], [run]
     else:
         base = count_command(board, argv + ["0", options, "-"], cpu=cpu)
         more = count_command(board, argv + [str(calls), options, "-"], cpu=cpu)
