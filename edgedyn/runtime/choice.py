@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 
 from edgedyn.runtime.devices import gpu_unusable_reason
 from edgedyn.runtime.format import host_arch
-from edgedyn.runtime.precision import FP32, REDUCED, host_features, is_native, missing_words
+from edgedyn.runtime.precision import FP32, REDUCED, effective, missing_words
 
 
 def artifact_label(artifact: Dict[str, Any]) -> str:
@@ -41,7 +41,7 @@ def fallback_reason(artifact: Dict[str, Any], arch: str, asked: bool = False) ->
         return None
     if asked:
         return "passed over to check the fp32 artifact after it"
-    if is_native(precision, arch, host_features()):
+    if effective(precision, arch)[0] == precision:  # the same test the executors make (precision.effective)
         return None
     return "its {} needs {}, which this CPU lacks: the fp32 artifact after it runs".format(
         precision, missing_words(precision, arch))
