@@ -416,3 +416,35 @@ def test_an_input_reaches_an_in_place_layer_through_split_and_is_copied():
     assert _read_in_place(build(two_convs[:2] + ["ReLU r 1 1 b d"]), "x")
     assert _read_in_place(build(["Split s 1 2 x a b", "Split t 1 2 b e f", "Convolution c 1 1 a c 0=1 1=1 6=3",
                                  "Convolution d 1 1 e d 0=1 1=1 6=3", "BinaryOp m 1 1 f g 0=2 1=1 2=2.0"]), "x")
+
+
+def test_a_layer_that_fails_in_ncnn_raises_an_execution_error_instead_of_crashing(ncnn_bundle):
+    """ncnn reports a failed layer (-100: an allocation failed, as on a board out of memory) by its status and an
+    empty Mat, and numpy over an empty Mat crashes the process. Here the input never reaches ncnn, so the first
+    convolution has nothing to allocate for and fails with -100, as a real out-of-memory does; the call must raise
+    the runtime's ExecutionError with the status, and the next call run normally."""
+    from edgedyn.runtime.errors import ExecutionError
+
+    program = rt.load(ncnn_bundle("tiny_cnn"), threads=1)
+    executor = program.specializations[0].executor
+    net = executor._net
+
+    class Dropped:  # an Extractor that drops its input, and otherwise is ncnn's
+        def __init__(self) -> None:
+            self.real = net.create_extractor()
+
+        def input(self, name, mat) -> int:
+            return 0
+
+        def extract(self, name):
+            return self.real.extract(name)
+
+    x = np.random.default_rng(5).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    want = program(x)
+    executor._net = type("FailingNet", (), {"create_extractor": lambda self: Dropped(), "opt": net.opt})()
+    with pytest.raises(ExecutionError) as raised:
+        program(x)
+    assert "status -100: ncnn could not allocate memory" in raised.value.message, raised.value.message
+    assert raised.value.hint and "edgedyn verify" in raised.value.hint
+    executor._net = net
+    np.testing.assert_array_equal(program(x), want)

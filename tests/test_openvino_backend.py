@@ -212,9 +212,23 @@ def test_a_cpu_without_bf16_runs_the_fp32_fallback(bf16_with_fallback):
                          capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
-    assert seen["features"] == []  # this host's cpuinfo says avx512_bf16; the emulated CPU's CPUID does not
+    # this host's cpuinfo says avx512_bf16 (and amx_bf16 on a Sapphire Rapids); the emulated CPU's CPUID does not
+    assert seen["features"] == []
     assert seen["selection"].startswith("x=1x3x96x96: onnxruntime-cpu on x86_64 (openvino-cpu not used: its bf16")
     assert seen["verify"] and all(r["ok"] and r["max_rel"] < RTOL for r in seen["verify"]), seen["verify"]
+
+
+def test_cpuid_that_denies_avx512_denies_amx_too(monkeypatch):
+    """numpy reads AVX512_BF16 and AVX512_FP16 from CPUID but not AMX; a CPU whose CPUID has no AVX512F has no AMX
+    either, whatever /proc/cpuinfo (the host's, under qemu-user) says."""
+    numpy_core = pytest.importorskip("numpy._core._multiarray_umath")
+    found = numpy_core.__cpu_features__
+    for name in ("AVX512F", "AVX512BF16", "AVX512FP16"):
+        monkeypatch.setitem(found, name, False)
+    assert precisions._cpuid_denied() == {"avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"}
+    for name in ("AVX512F", "AVX512BF16"):
+        monkeypatch.setitem(found, name, True)
+    assert precisions._cpuid_denied() == {"avx512_fp16"}
 
 
 def test_auto_on_this_host_weighs_every_backend_and_precision(tmp_path):

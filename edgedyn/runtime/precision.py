@@ -90,10 +90,15 @@ def host_features() -> FrozenSet[str]:
 # reads). Where /proc/cpuinfo and CPUID disagree (qemu-user shows the host's cpuinfo to an emulated x86 CPU without
 # AVX-512; a hypervisor may mask a flag), OpenVINO and ncnn go by CPUID, and so does the choice between artifacts.
 CPUID_NAMES = {"avx512_bf16": "AVX512BF16", "avx512_fp16": "AVX512FP16"}
+# numpy does not read AMX. oneDNN (OpenVINO's CPU kernels) uses AMX only on AVX-512 cores (its avx512_core_amx
+# ISA), and every CPU with AMX has AVX-512: so where CPUID denies AVX512F, the AMX flags of cpuinfo are not this
+# CPU's either (an emulated Haswell on a Sapphire Rapids host sees amx_bf16 in /proc/cpuinfo).
+WITH_AVX512_ONLY = ("amx_bf16", "amx_fp16")
 
 
 def _cpuid_denied() -> FrozenSet[str]:
-    """The flags of CPUID_NAMES that numpy finds missing from this CPU's CPUID; none when numpy does not say."""
+    """The flags of CPUID_NAMES that numpy finds missing from this CPU's CPUID, and the AMX flags when it finds no
+    AVX512F; none when numpy does not say."""
     try:
         from numpy._core._multiarray_umath import __cpu_features__ as found  # numpy 2
     except ImportError:
@@ -101,7 +106,10 @@ def _cpuid_denied() -> FrozenSet[str]:
             from numpy.core._multiarray_umath import __cpu_features__ as found  # numpy 1.x (the boards' Python 3.8)
         except ImportError:
             return frozenset()
-    return frozenset(flag for flag, name in CPUID_NAMES.items() if found.get(name) is False)
+    denied = {flag for flag, name in CPUID_NAMES.items() if found.get(name) is False}
+    if found.get("AVX512F") is False:
+        denied.update(WITH_AVX512_ONLY)
+    return frozenset(denied)
 
 
 def _cpuinfo_features(path: str = "/proc/cpuinfo") -> FrozenSet[str]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from edgedyn.runtime import precision as precisions
 from edgedyn.runtime import schema
-from edgedyn.runtime.errors import BundleError, MissingDependencyError
+from edgedyn.runtime.errors import BundleError, ExecutionError, MissingDependencyError
 from edgedyn.runtime.executors.ncnn_param import Layer, check_model
 from edgedyn.runtime.format import host_arch
 
@@ -37,6 +37,9 @@ FP16_OPTIONS = ("use_fp16_storage", "use_fp16_packed", "use_fp16_arithmetic")
 MAX_BATCH = 1 << 16
 MAX_ITEM_RANK = 4  # ncnn's Mat: w, h, d, c
 _F32 = np.dtype(np.float32)
+# A layer's forward returns ncnn's status: -100 when an allocation failed (the board is out of memory).
+OUT_OF_MEMORY, OUT_OF_MEMORY_NOTE = -100, ": ncnn could not allocate memory"
+_FAILED_HINT = "free memory on the board (fewer threads, a smaller input), then run `edgedyn verify` on the bundle"
 
 
 def _import_ncnn() -> Any:
@@ -159,11 +162,13 @@ class NcnnExecutor:
         values = []
         for name, shape, size in self._extracted:
             code, mat = extractor.extract(name)
+            if code != 0 or mat.empty():  # a failed layer leaves an empty Mat, and numpy over one crashes
+                raise ExecutionError("ncnn could not compute output {} (status {}{})".format(
+                    name, code, OUT_OF_MEMORY_NOTE if code == OUT_OF_MEMORY else ""), hint=_FAILED_HINT)
             value = np.array(mat)  # ncnn's memory, copied: it returns to ncnn's pool with the extractor
-            if code != 0 or value.size != size:
-                raise BundleError("ncnn computed output {} as {} values of shape {} (status {}); the model "
-                                  "declares {}".format(name, value.size, value.shape, code, shape[1:]),
-                                  hint=schema.HINT)
+            if value.size != size:
+                raise BundleError("ncnn computed output {} as {} values of shape {}; the model declares {}".format(
+                    name, value.size, value.shape, shape[1:]), hint=schema.HINT)
             values.append(value.reshape(shape))
         return values
 
