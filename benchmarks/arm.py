@@ -17,7 +17,10 @@ fp32 arithmetic, which tells ncnn's fp16 arithmetic from its fp16 storage). Each
 `-cpu`, the guest seeing that CPU in /proc/cpuinfo. Counts are deterministic and do not depend on this host's load;
 they ignore memory stalls and per-instruction cost (docs/emulate.md). JSON goes to benchmarks/results/arm-*.json.
 LiteRT as a peer would need a TensorFlow-free torch converter (litert-torch pulls jax and transformers: 2 GB);
-edgedyn's own TFLite artifacts run LiteRT's XNNPACK and are in edgedyn's rows.
+edgedyn's own TFLite artifacts run LiteRT's XNNPACK and are in edgedyn's rows. ExecuTorch is not a peer here: its
+aarch64 wheel's Python runtime links libtorch, and the aarch64 torch on PyPI (2.14.1) is a CUDA build whose import
+needs NVIDIA's libraries (the CPU-only wheels are on download.pytorch.org, which this machine cannot reach); its
+torch-free libraries (libexecutorch*.so in the same wheel) would need a C++ runner cross-compiled for the board.
 """
 import argparse
 import datetime

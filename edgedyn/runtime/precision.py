@@ -21,11 +21,14 @@ REDUCED = ("bf16", "fp16")
 # tuple of alternatives, each alternative a tuple of features that must all be present. bf16 on x86: AVX512_BF16
 # (Cooper Lake, Zen 4) or AMX-BF16 (Sapphire Rapids); fp16 on Arm: ARMv8.2-A half-precision arithmetic, scalar
 # (fphp) and NEON (asimdhp): Cortex-A76 (Pi 5), A78AE (Orin), Carmel (Xavier); not the A72 (Pi 4) nor the A57 (Nano).
-# fp16 on x86: AVX512-FP16 or AMX-FP16 (Sapphire Rapids, Granite Rapids).
+# fp16 on x86: AMX-FP16 (Granite Rapids). Not AVX512-FP16 alone: on a Sapphire Rapids (AVX512-FP16, AMX-BF16, no
+# AMX-FP16) OpenVINO's f16, the one fp16 CPU path on x86 here, timed 1.3-1.6x the fastest fp32 candidate and
+# 1.7-5.6x its bf16 at export on all five full-size models measured (benchmarks/README.md, "Sapphire Rapids"): a
+# candidate that never wins, built and gated at every export.
 NATIVE = {
     ("bf16", "x86_64"): (("avx512_bf16",), ("amx_bf16",)),
     ("fp16", "aarch64"): (("fphp", "asimdhp"),),
-    ("fp16", "x86_64"): (("avx512_fp16",), ("amx_fp16",)),
+    ("fp16", "x86_64"): (("amx_fp16",),),
 }  # type: dict
 # A board file's words for the same features (boards/*.toml `[cpu] features`).
 BOARD_FEATURES = {"fp16": ("fphp", "asimdhp")}
