@@ -399,6 +399,9 @@ def test_the_precision_table_is_data():
     assert precisions.effective("fp16", "aarch64", {"asimd"}) == (
         "fp32", "fp16 artifact computes in fp32 here: this CPU lacks fphp+asimdhp")
     assert precisions.effective("bf16", "x86_64", {"avx512_bf16"}) == ("bf16", None)
+    # fp16 on x86 is AMX-FP16's: with AVX512-FP16 alone (Sapphire Rapids) OpenVINO's f16 was slower than its f32
+    assert precisions.is_native("fp16", "x86_64", {"amx_fp16"})
+    assert not precisions.is_native("fp16", "x86_64", {"avx512_fp16", "amx_bf16", "avx512_bf16"})
 
 
 def _ir(openvino_bundle) -> tuple:
