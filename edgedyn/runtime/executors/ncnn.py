@@ -39,7 +39,9 @@ MAX_ITEM_RANK = 4  # ncnn's Mat: w, h, d, c
 _F32 = np.dtype(np.float32)
 # A layer's forward returns ncnn's status: -100 when an allocation failed (the board is out of memory).
 OUT_OF_MEMORY, OUT_OF_MEMORY_NOTE = -100, ": ncnn could not allocate memory"
-_FAILED_HINT = "free memory on the board (fewer threads, a smaller input), then run `edgedyn verify` on the bundle"
+_FAILED_HINTS = {OUT_OF_MEMORY: "free memory on the board (fewer threads, a smaller input), then run `edgedyn verify` "
+                                "on the bundle"}
+_FAILED_HINT = "run `edgedyn verify` on the bundle; export it again if it fails"
 
 
 def _import_ncnn() -> Any:
@@ -164,7 +166,8 @@ class NcnnExecutor:
             code, mat = extractor.extract(name)
             if code != 0 or mat.empty():  # a failed layer leaves an empty Mat, and numpy over one crashes
                 raise ExecutionError("ncnn could not compute output {} (status {}{})".format(
-                    name, code, OUT_OF_MEMORY_NOTE if code == OUT_OF_MEMORY else ""), hint=_FAILED_HINT)
+                    name, code, OUT_OF_MEMORY_NOTE if code == OUT_OF_MEMORY else ""),
+                    hint=_FAILED_HINTS.get(code, _FAILED_HINT))
             value = np.array(mat)  # ncnn's memory, copied: it returns to ncnn's pool with the extractor
             if value.size != size:
                 raise BundleError("ncnn computed output {} as {} values of shape {}; the model declares {}".format(
