@@ -94,8 +94,9 @@ def count_bundle(bundle: Path, inputs_path: Path, reference: List[Any]) -> Dict[
     run = _count(["-c", _GUEST, str(bundle), "1", str(arm.CALLS), options, MARKS])
     outputs = bundle.with_suffix(".outputs.npz")
     said = _count(["-c", _OUTPUTS, str(bundle), str(inputs_path), str(outputs)])
-    return {"per_call": run.per_call(arm.CALLS), "selection": json.loads(said.stdout.strip().splitlines()[-1])["selection"],
-            "cosine": _cosine(outputs, reference), "wall_s": round(run.wall_s, 1)}
+    selection = json.loads(said.stdout.strip().splitlines()[-1])["selection"]
+    return {"per_call": run.per_call(arm.CALLS), "selection": selection, "cosine": _cosine(outputs, reference),
+            "wall_s": round(run.wall_s, 1)}
 
 
 def count_peer(peer: str, path: str, inputs_path: Path, outputs: Path, reference: List[Any]) -> Dict[str, Any]:

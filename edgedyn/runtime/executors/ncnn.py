@@ -38,9 +38,9 @@ MAX_BATCH = 1 << 16
 MAX_ITEM_RANK = 4  # ncnn's Mat: w, h, d, c
 _F32 = np.dtype(np.float32)
 # A layer's forward returns ncnn's status: -100 when an allocation failed (the board is out of memory).
-OUT_OF_MEMORY, OUT_OF_MEMORY_NOTE = -100, ": ncnn could not allocate memory"
-_FAILED_HINTS = {OUT_OF_MEMORY: "free memory on the board (fewer threads, a smaller input), then run `edgedyn verify` "
-                                "on the bundle"}
+OUT_OF_MEMORY = -100
+_OUT_OF_MEMORY_HINT = ("free memory on the board (fewer threads, a smaller input), then run `edgedyn verify` on "
+                       "the bundle")
 _FAILED_HINT = "run `edgedyn verify` on the bundle; export it again if it fails"
 
 
@@ -165,9 +165,10 @@ class NcnnExecutor:
         for name, shape, size in self._extracted:
             code, mat = extractor.extract(name)
             if code != 0 or mat.empty():  # a failed layer leaves an empty Mat, and numpy over one crashes
+                memory = code == OUT_OF_MEMORY
                 raise ExecutionError("ncnn could not compute output {} (status {}{})".format(
-                    name, code, OUT_OF_MEMORY_NOTE if code == OUT_OF_MEMORY else ""),
-                    hint=_FAILED_HINTS.get(code, _FAILED_HINT))
+                    name, code, ": ncnn could not allocate memory" if memory else ""),
+                    hint=_OUT_OF_MEMORY_HINT if memory else _FAILED_HINT)
             value = np.array(mat)  # ncnn's memory, copied: it returns to ncnn's pool with the extractor
             if value.size != size:
                 raise BundleError("ncnn computed output {} as {} values of shape {}; the model declares {}".format(
