@@ -785,3 +785,18 @@ def test_an_fp32_fallback_only_where_the_board_does_not_promise_the_kept_precisi
     assert _fp32_fallback(kept, generic, verified(), fastest, own, said.append) is None
     assert _fp32_fallback(Candidate("tflite", "int8"), generic, verified(), fastest, by_precision, said.append) is None
     assert _fp32_fallback(Candidate("onnxruntime"), generic, verified(), fastest, by_precision, said.append) is None
+
+
+def test_inspect_shows_the_times_auto_weighed_not_its_first_turns():
+    # The contenders are timed a second time (every core and fewer threads) and those times decide; `inspect`
+    # lists them, not the first turns' (one ResNet-18 export: ncnn 18.4 ms in the first turns, 12.8 in the second,
+    # and the record's `why` said 12.8), with the thread count where fewer threads were kept.
+    from edgedyn.cli.inspect import _selection
+
+    selection = {"mode": "measured", "candidate": "openvino:bf16",
+                 "medians_ms": {"openvino:bf16": 9.02, "ncnn": 18.35, "tvm": 1439.35},
+                 "threads_timed": {
+                     "openvino:bf16": {"every_core_ms": 8.62, "kept": "every core", "threads_ms": {"1": 16.26}},
+                     "ncnn": {"every_core_ms": 14.1, "kept": "one thread", "threads_ms": {"1": 12.8}}}}
+    assert _selection(selection) == ("openvino:bf16 (timed here in turns: openvino:bf16 8.62 ms, ncnn 12.8 ms on one "
+                                     "thread, tvm 1.44e+03 ms)")
