@@ -11,8 +11,12 @@ admits, and, under --quantize, the int8 build of every backend with int8 kernels
   candidate is therefore kept only when it is faster than every fp32 one: a candidate that costs accuracy must
   buy time. A reduced-precision candidate that misses its gate on a backend that mixes is tried again with some
   of its first layers in fp32 (candidates.FP32_SHARES), each such try a candidate of its own;
-- for another board, the first candidate of the board file's `backends.preference` that builds (and, when its
-  artifact runs here too, verifies) ("board preference").
+- for another board whose CPU this host emulates (qemu-user and the counting plugin: edgedyn/onboard.py), every
+  candidate is built, verified on the emulated board and its guest instructions per call counted there, and the
+  fewest kept ("emulated");
+- for another board this host cannot emulate, the first candidate of the board file's `backends.preference` that
+  builds (and, when its artifact runs here too, verifies) ("board preference"); the record says why it was not
+  measured.
 `--backend NAME` with one candidate builds it ("user"); with several (its precisions under --precision auto) they
 are measured as above, on that backend only. The choice and its reasons go into the artifact's manifest entry as
 `selection`.

@@ -1,6 +1,6 @@
 """int8 quantization: the modes, which backends give real integer kernels, and what each backend is handed.
 
-Note: quantization happens inside the two backends whose runtimes execute int8 kernels, on their own formats,
+Note: quantization happens inside the three backends whose runtimes execute int8 kernels, on their own formats,
 not as a pass over the ATen graph. Why each path:
 - onnxruntime: the ONNX Runtime quantizer (onnxruntime.quantization) writes QuantizeLinear/DequantizeLinear
   around Conv/Gemm/MatMul with int8 initializers (QDQ); ORT fuses those into QLinearConv/QGemm/QLinearAdd or
@@ -9,7 +9,9 @@ not as a pass over the ATen graph. Why each path:
 - tflite: our own .tflite writer emits int8 tensors with per-channel scales feeding CONV_2D, DEPTHWISE_CONV_2D
   and FULLY_CONNECTED, and QUANTIZE/DEQUANTIZE where float ops remain; LiteRT hands those to XNNPACK's int8
   kernels. Activation ranges come from running the ATen graph on the calibration data (quantize/ranges.py).
-- the others (TVM, portable) say why in their registry record (`no_int8_reason`) and refuse --quantize, naming
+- openvino: NNCF quantizes the converted IR (backends/openvino_int8.py), keeping a float prefix where every layer
+  in int8 misses the gate; OpenVINO's CPU plugin runs its int8 convolutions and matrix products.
+- the others (ncnn, TVM, portable) say why in their registry record (`no_int8_reason`) and refuse --quantize, naming
   the backends that can.
 """
 from dataclasses import dataclass, field
@@ -66,8 +68,8 @@ def check_backend(mode: Optional[str], backend: str) -> None:
         return
     raise EdgedynError("--quantize {} is not supported by backend '{}': {}".format(mode, backend,
                                                                                    record.no_int8_reason),
-                       hint="use --backend {} (or auto, which then considers only those)".format(
-                           " or --backend ".join(quantizing_backends())))
+                       hint="use --backend {} (or auto, which builds the int8 of each beside the float "
+                            "candidates)".format(" or --backend ".join(quantizing_backends())))
 
 
 def weight_bytes(program: object) -> int:
