@@ -448,3 +448,103 @@ def test_a_layer_that_fails_in_ncnn_raises_an_execution_error_instead_of_crashin
     assert raised.value.hint and "edgedyn verify" in raised.value.hint
     executor._net = net
     np.testing.assert_array_equal(program(x), want)
+
+
+class _ShuffleAndNorm(torch.nn.Module):
+    """torchvision ShuffleNetV2's channel shuffle (view, transpose, view) and a batch norm after an add, which no
+    convolution absorbs (timm FastViT has them): ncnn's ShuffleChannel and BatchNorm layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.side = torch.nn.Conv2d(3, 8, 1)
+        self.norm = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Conv2d(8, 4, 1)
+        with torch.no_grad():  # statistics and an affine map a trained network would hold, not 0, 1, 1, 0
+            for tensor in (self.norm.running_mean, self.norm.weight, self.norm.bias):
+                tensor.copy_(torch.randn(8))
+            self.norm.running_var.copy_(torch.rand(8) + 0.5)
+
+    def forward(self, x):
+        y = self.conv(x)
+        b, c, h, w = y.shape
+        y = y.view(b, 2, c // 2, h, w).transpose(1, 2).reshape(b, c, h, w)
+        return self.head(self.norm(torch.relu(y) + self.side(x)))
+
+
+def _shuffle_and_norm_bundle(tmp_path):
+    torch.manual_seed(0)
+    model = _ShuffleAndNorm().eval()
+    return model, edgedyn.export(model, (torch.randn(1, 3, 16, 16),), backend="ncnn", output=tmp_path / "m.edgedyn")
+
+
+def test_a_channel_shuffle_and_an_unfolded_batch_norm_run_in_ncnn_and_match_torch(tmp_path):
+    # Before ncnn_channels.py the checker did not know either layer, and the export refused the ncnn candidate for
+    # ShuffleNetV2 and FastViT ("uses ncnn layer(s) ... which edgedyn's ncnn checker does not know yet").
+    model, path = _shuffle_and_norm_bundle(tmp_path)
+    (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
+    layers = artifact["ncnn"]["layers"]
+    assert layers.get("ShuffleChannel") == 1 and layers.get("BatchNorm") == 1, layers
+    program = rt.load(path, threads=1)
+    for seed in (1, 2):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32)
+        with torch.no_grad():
+            want = model(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(program(x), want, rtol=RTOL, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda p: p.replace(b"ShuffleChannel", b"ShuffleChannel_", 1), "is not one edgedyn's ncnn files use"),
+    (lambda p: _set_param(p, b"ShuffleChannel", b"0=", b"0=3"), "3 groups (reverse 0) of a blob of shape [8, 16, 16]"),
+    (lambda p: _set_param(p, b"ShuffleChannel", b"0=", b"0=0"), "0 groups (reverse 0)"),
+    (lambda p: _set_param(p, b"ShuffleChannel", b"1=", b"1=2"), "(reverse 2)"),
+    # fewer channels read fewer weights, and the walk through the .bin lands the next layer's weights off their tag
+    (lambda p: _set_param(p, b"BatchNorm", b"0=", b"0=4"), "(Convolution conv_5): weights tagged 0x"),
+])
+def test_shuffle_channel_and_batch_norm_parameters_are_checked_against_their_input(tmp_path, edit, words):
+    _, path = _shuffle_and_norm_bundle(tmp_path)
+    (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
+    with zipfile.ZipFile(str(path)) as archive:
+        param = archive.read(artifact["files"]["model"])
+        weights = archive.read(artifact["files"]["weights"])
+    shapes = {"x": (3, 16, 16)}
+    check_model(param, weights, "m", shapes)  # the real one passes
+    with pytest.raises(BundleError) as raised:
+        check_model(edit(param), weights, "m", shapes)
+    assert words in raised.value.message, raised.value.message
+
+
+def _set_param(param: bytes, layer: bytes, key: bytes, value: bytes) -> bytes:
+    """The .param text with `layer`'s parameter `key` (b"0=") set to `value`, appended when the layer lacks it."""
+    lines = param.split(b"\n")
+    index = next(i for i, line in enumerate(lines) if line.startswith(layer + b" "))
+    tokens = [t for t in lines[index].split() if not t.startswith(key)]
+    lines[index] = b" ".join(tokens + [value])
+    return b"\n".join(lines)
+
+
+def test_a_batch_norm_takes_only_an_input_with_its_channel_count_along_ncnns_first_axis():
+    # ncnn indexes BatchNorm's weights along w of a 1-d blob, h of a 2-d one, c otherwise: numpy's first axis
+    from edgedyn.runtime.executors.ncnn_channels import batch_norm
+    from edgedyn.runtime.executors.ncnn_shapes import ShapeError
+
+    get = lambda key, default: {0: 8}.get(key, default)  # noqa: E731
+    for shape in ((8,), (8, 5), (8, 4, 4), (8, 2, 4, 4)):
+        assert batch_norm([shape], get, {}) == [shape]
+    for shape in ((5,), (5, 8), (4, 8, 8), (4, 8, 4, 4)):
+        with pytest.raises(ShapeError, match=r"weights for 8 channels, an input of shape"):
+            batch_norm([shape], get, {})
+
+
+def test_mutants_of_a_bundle_with_shuffle_channel_and_batch_norm_are_refused_cleanly(tmp_path):
+    # The fuzz run of tests/test_fuzz.py over the bundle that holds the two layers ncnn_channels.py checks: every
+    # mutant (its .param and .bin tampered with and resealed among them) loads, runs and verifies or is refused
+    # with an EdgedynError, in a worker that must not crash.
+    from test_fuzz import _fuzz
+
+    fuzz = _fuzz()
+    _, path = _shuffle_and_norm_bundle(tmp_path)
+    records = fuzz.campaign([path], 30, seed=2612)
+    assert sum(record["outcome"] == "refused" for record in records) >= len(records) // 3
+    bad = fuzz.findings(records)
+    assert not bad, [(r["family"], r["mutation"], r["outcome"], r.get("type")) for r in bad[:10]]

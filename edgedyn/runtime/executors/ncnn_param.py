@@ -22,7 +22,8 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, 
 
 from edgedyn.runtime import schema
 from edgedyn.runtime.errors import BundleError
-from edgedyn.runtime.executors.ncnn_shapes import RULES, Shape, ShapeError, need, slice_
+from edgedyn.runtime.executors import ncnn_channels
+from edgedyn.runtime.executors.ncnn_shapes import RULES as SHAPE_RULES, Shape, ShapeError, need, slice_
 
 MAGIC = 7767517
 MAX_PARAM_BYTES = 32 << 20
@@ -53,9 +54,11 @@ class Layer(NamedTuple):
     params: Params
 
 
-# Note: the layers an edgedyn ncnn file may hold: those with a shape rule (ncnn_shapes.py), each with how its weights
-# lie in the .bin: a function of its parameters giving (element count, tagged) per array, in ncnn's load_model order.
+# Note: the layers an edgedyn ncnn file may hold: those with a shape rule (ncnn_shapes.py, ncnn_channels.py), each
+# with how its weights lie in the .bin: a function of its parameters giving (element count, tagged) per array, in
+# ncnn's load_model order.
 Weights = Callable[[Callable[[int, int], int]], List[Tuple[int, bool]]]
+RULES = dict(SHAPE_RULES, **ncnn_channels.RULES)
 
 
 def _conv(dynamic: int) -> Weights:
@@ -80,7 +83,7 @@ WEIGHTS = dict({name: (lambda p: []) for name in tuple(RULES) + WALKED}, **{
     "LayerNorm": lambda p: [(p(0, 0), False)] * 2 if p(2, 1) else [],
     "MemoryData": _memory,
     "Padding": lambda p: [(p(6, 0), False)] if p(6, 0) else [],
-})  # type: Dict[str, Weights]
+}, **ncnn_channels.WEIGHTS)  # type: Dict[str, Weights]
 
 # Parameters ncnn divides by, or sizes loops with, that must be at least 1 when given: (id, default) per layer.
 _CONV = ((0, 0), (1, 0), (2, 1), (3, 1), (11, 1), (12, 1), (13, 1))
