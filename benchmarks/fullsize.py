@@ -124,4 +124,13 @@ MODELS = {
     "timm-levit_128s": _timm("levit_128s", kind="encoder"),
     "yolo11n": _yolo("yolo11n.yaml"),
     "hf-distilbert-base-128": _distilbert,
+    # More architectures, checked against OpenVINO's default by versus_openvino.py (2026-12-06): channel shuffles,
+    # unfolded batch norms, ghost modules, attention and LayerNorm-heavy blocks.
+    "tv-shufflenet_v2_x1_0": _torchvision("shufflenet_v2_x1_0"),
+    "timm-convnext_tiny": _timm("convnext_tiny"),
+    "timm-vit_small_patch16_224": _timm("vit_small_patch16_224", kind="encoder"),
+    "timm-efficientvit_b0": _timm("efficientvit_b0"),
+    "timm-regnety_004": _timm("regnety_004"),
+    "timm-fastvit_t8": _timm("fastvit_t8"),
+    "timm-ghostnet_100": _timm("ghostnet_100"),
 }  # type: Dict[str, Callable[[], Built]]
