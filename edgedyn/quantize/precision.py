@@ -96,7 +96,6 @@ class FloatGate:
                 hint=DETECTION_HINT if rows_differ(self.gate, outputs) else MISS_HINT)
         return record
 
-
     def _reference_misses(self, run: Callable[[List[np.ndarray]], List[Any]]) -> List[str]:
         """The bundle's own reference call (the example inputs, which `edgedyn verify` and the export's last check
         run) held to the cosine verify holds a reduced-precision artifact to (runtime/program.reduced_gate): the
