@@ -313,7 +313,8 @@ def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Opt
             artifact.measured = measured(quantization.held_out(candidate.backend, replay(outputs[1:])), outputs[0],
                                          where)
         elif candidate.precision in REDUCED:
-            artifact.meta["accuracy"] = accuracy.check(candidate.label, candidate.precision, replay(outputs[1:]))
+            artifact.meta["accuracy"] = accuracy.check(candidate.label, candidate.precision, replay(outputs[1:]),
+                                                       example_outputs=outputs[0])
             artifact.meta["accuracy"]["measured_on"] = where
 
     return [examples] + extra, judge

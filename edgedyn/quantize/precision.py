@@ -82,10 +82,13 @@ class FloatGate:
         return compare_outputs(list(self.spec.output_names), [[np.asarray(o) for o in run(batch)]
                                                                for batch in self.batches], want)
 
-    def check(self, label: str, precision: str, run: Callable[[List[np.ndarray]], List[Any]]) -> Dict[str, Any]:
-        """The accuracy record of a candidate computing in `precision`; EdgedynError with the numbers on a miss."""
+    def check(self, label: str, precision: str, run: Callable[[List[np.ndarray]], List[Any]],
+              example_outputs: Optional[List[Any]] = None) -> Dict[str, Any]:
+        """The accuracy record of a candidate computing in `precision`; EdgedynError with the numbers on a miss.
+        `example_outputs`: its outputs on the example inputs when they were computed already (on an emulated board,
+        where `run` replays the board's outputs for the gate's batches only); else `run` computes them."""
         outputs = self.measure(run)
-        misses = misses_of(self.gate, outputs) or self._reference_misses(run)
+        misses = misses_of(self.gate, outputs) or self._reference_misses(run, example_outputs)
         record = {"precision": precision, "reference": "torch eager (float32)", "inputs": self.source,
                   "samples": len(self.batches), "outputs": outputs, "gate": self.gate.to_dict(),
                   "gate_source": self.gate_source}
@@ -96,7 +99,8 @@ class FloatGate:
                 hint=DETECTION_HINT if rows_differ(self.gate, outputs) else MISS_HINT)
         return record
 
-    def _reference_misses(self, run: Callable[[List[np.ndarray]], List[Any]]) -> List[str]:
+    def _reference_misses(self, run: Callable[[List[np.ndarray]], List[Any]],
+                          example_outputs: Optional[List[Any]] = None) -> List[str]:
         """The bundle's own reference call (the example inputs, which `edgedyn verify` and the export's last check
         run) held to the cosine verify holds a reduced-precision artifact to (runtime/program.reduced_gate): the
         gate's mean over its inputs can pass while the example alone misses, and the export would then refuse
@@ -112,7 +116,7 @@ class FloatGate:
             with torch.no_grad():
                 self._example_want = [np.asarray(o.detach().numpy()) for o in _flat(self.spec.program.module()(
                     *[torch.from_numpy(a) for a in examples]))]
-        got = [np.asarray(o) for o in run(examples)]
+        got = [np.asarray(o) for o in (run(examples) if example_outputs is None else example_outputs)]
         return ["{} cosine {:.6f} < {:g} on the example inputs (the bundle's reference, which verify checks)".format(
             name, result.get("cosine", float("nan")), bound)
             for name, result in zip(self.spec.output_names, (compare_cosine(g, w, bound) for g, w in zip(
