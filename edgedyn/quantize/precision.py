@@ -66,14 +66,17 @@ class FloatGate:
 
     def _reference(self) -> List[List[np.ndarray]]:
         if self._want is None:
-            import torch
-
-            module = self.spec.program.module()
-            with torch.no_grad():
-                self._want = [[np.asarray(o.detach().numpy()) for o in _flat(module(*[torch.from_numpy(a)
-                                                                                       for a in batch]))]
-                              for batch in self.batches]
+            self._want = self._eager(self.batches)
         return self._want
+
+    def _eager(self, batches: List[List[np.ndarray]]) -> List[List[np.ndarray]]:
+        """torch eager's outputs (fp32) on each batch: what every candidate is compared with."""
+        import torch
+
+        module = self.spec.program.module()
+        with torch.no_grad():
+            return [[np.asarray(o.detach().numpy()) for o in _flat(module(*[torch.from_numpy(a) for a in batch]))]
+                    for batch in batches]
 
     def measure(self, run: Callable[[List[np.ndarray]], List[Any]]) -> List[Dict[str, Any]]:
         """Per output: max abs error, cosine, top-1 agreement of `run` against torch eager on the batches; the
@@ -111,11 +114,7 @@ class FloatGate:
         bound = self.gate.min_cosine if self.gate.min_cosine is not None else DEFAULT_MIN_COSINE
         examples = [np.asarray(t.numpy(), order="C") for t in self.spec.example_tensors]
         if self._example_want is None:
-            import torch
-
-            with torch.no_grad():
-                self._example_want = [np.asarray(o.detach().numpy()) for o in _flat(self.spec.program.module()(
-                    *[torch.from_numpy(a) for a in examples]))]
+            self._example_want = self._eager([examples])[0]
         got = [np.asarray(o) for o in (run(examples) if example_outputs is None else example_outputs)]
         return ["{} cosine {:.6f} < {:g} on the example inputs (the bundle's reference, which verify checks)".format(
             name, result.get("cosine", float("nan")), bound)
