@@ -269,10 +269,12 @@ def _measured_int8(artifact: Artifact, candidate: Candidate, spec: Specializatio
                    run: Callable[[List[np.ndarray]], List[np.ndarray]]) -> None:
     """The int8 gate on the held-out split (EdgedynError with the numbers on a miss); what it measured stays on the
     artifact for the export's record (Artifact.measured)."""
-    from edgedyn.quantize.plan import measured
+    from edgedyn.quantize.plan import example_gate, measured
 
     records = quantization.held_out(candidate.backend, run)
-    artifact.measured = measured(records, run(example_arrays(spec)), None)
+    examples = run(example_arrays(spec))
+    example_gate(spec, candidate.floats, examples, quantization.target_cosine, candidate.label)
+    artifact.measured = measured(records, examples, None)
 
 
 def gated(artifact: Artifact, candidate: Candidate, spec: Specialization, accuracy: Any) -> Dict[str, Any]:

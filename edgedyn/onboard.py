@@ -294,7 +294,7 @@ def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Opt
     inputs first (checked as `auto` checks them here), then its gate's batches for int8 and reduced precisions; an
     int8 candidate keeps its outputs there for the export's record (Artifact.measured)."""
     from edgedyn.candidates import INT8, check_outputs, example_arrays
-    from edgedyn.quantize.plan import measured
+    from edgedyn.quantize.plan import example_gate, measured
     from edgedyn.runtime.precision import REDUCED
 
     examples = example_arrays(spec)
@@ -310,8 +310,9 @@ def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Opt
             raise EdgedynError("the emulated CPU computed it in {}, not {}: the board's runtime would not use {} "
                                "either".format(computed, candidate.precision, candidate.precision))
         if candidate.precision == INT8 and extra:
-            artifact.measured = measured(quantization.held_out(candidate.backend, replay(outputs[1:])), outputs[0],
-                                         where)
+            records = quantization.held_out(candidate.backend, replay(outputs[1:]))
+            example_gate(spec, candidate.floats, outputs[0], quantization.target_cosine, candidate.label)
+            artifact.measured = measured(records, outputs[0], where)
         elif candidate.precision in REDUCED:
             artifact.meta["accuracy"] = accuracy.check(candidate.label, candidate.precision, replay(outputs[1:]),
                                                        example_outputs=outputs[0])

@@ -1,5 +1,6 @@
 """`--backend auto` and friends: what is chosen, why, and that a wrong or broken artifact is never chosen."""
 import dataclasses
+import re
 import sys
 from typing import Any, Dict, List
 
@@ -835,3 +836,48 @@ def test_the_float_gate_holds_the_example_inputs_to_the_cosine_verify_will():
         gate.check("off", "bf16", off_on_the_example)
     assert "< 0.999 on the example inputs (the bundle's reference, which verify checks)" in missed.value.message
     assert gate.measure(off_on_the_example)[0]["cosine"] >= 0.999  # the mean alone passes: the old gate let it by
+
+
+@pytest.mark.parametrize("floats", ["bf16", "fp32"])
+def test_the_int8_gate_holds_the_example_inputs_when_its_float_layers_are_reduced(floats):
+    # An int8 artifact whose layers kept out of int8 compute in bf16 is verified by its example outputs against
+    # torch eager at the int8 gate's cosine (not against outputs recorded at export): passing the held-out split
+    # alone let the export keep a candidate it would then refuse as a bug, as the float gate once did. With fp32
+    # float layers verify compares with the recorded outputs, so the example has nothing more to meet.
+    import types
+
+    import torch
+
+    from edgedyn.candidates import Candidate, _measured_int8
+    from edgedyn.quantize import Quantization
+    from edgedyn.quantize.precision import _flat, like
+
+    (spec,) = capture(str(EXAMPLES / "mlp.py:MLP"), inputs=["x=1x64"]).specializations
+    module, example = spec.program.module(), [t.numpy() for t in spec.example_tensors]
+    rng = np.random.default_rng(5)
+    held = [[like(rng, a) for a in example] for _ in range(4)]
+
+    def off_on_the_example(batch):  # cosine 0.98 to torch there (1 / sqrt(1 + 0.2^2)), exact on the held-out split
+        with torch.no_grad():
+            outputs = [o.numpy() for o in _flat(module(*[torch.from_numpy(a) for a in batch]))]
+        if not all(np.array_equal(a, b) for a, b in zip(batch, example)):
+            return outputs
+        out = outputs[0].astype(np.float64).ravel()
+        side = rng.standard_normal(out.shape)
+        side -= (side @ out) / (out @ out) * out
+        moved = out + 0.2 * np.linalg.norm(out) * side / np.linalg.norm(side)
+        return [moved.reshape(outputs[0].shape).astype(np.float32)] + outputs[1:]
+
+    quantization = Quantization(mode="int8", calibration=held, target_cosine=0.99,
+                                held_out=lambda backend, run: [run(batch) for batch in held])
+    artifact = types.SimpleNamespace(measured=None)
+    candidate = Candidate("openvino", "int8", floats=floats)
+    if floats == "fp32":
+        _measured_int8(artifact, candidate, spec, quantization, off_on_the_example)
+        assert len(artifact.measured["records"]) == len(held)
+        return
+    with pytest.raises(GateMissError) as missed:
+        _measured_int8(artifact, candidate, spec, quantization, off_on_the_example)
+    assert re.search(r"openvino:int8 \(int8, its float layers in bf16\) misses the int8 gate: \S+ cosine 0\.98\d+ "
+                     r"< 0\.99 on the example inputs", missed.value.message), missed.value.message
+    assert artifact.measured is None

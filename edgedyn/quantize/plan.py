@@ -97,6 +97,26 @@ def measured(records: List[Dict[str, Any]], examples: List[np.ndarray], where: O
     return {"records": records, "examples": examples, "where": where}
 
 
+def example_gate(spec: Any, floats: str, examples: List[Any], min_cosine: float, label: str) -> None:
+    """An int8 artifact whose layers kept out of int8 compute in bf16 or fp16 is verified by its outputs on the
+    example inputs against torch eager at the int8 gate's cosine (runtime/program.reduced_gate), not against
+    outputs recorded here, since CPUs differ in those layers. The held-out mean can pass while the example alone
+    misses, and the export would then refuse the bundle it wrote as a bug: GateMissError, so `auto` drops the
+    candidate as it drops one that misses on the held-out split. int8 with fp32 float layers is verified against
+    its recorded outputs and has nothing to check here."""
+    from edgedyn.errors import GateMissError
+    from edgedyn.quantize.precision import example_misses
+    from edgedyn.runtime.precision import REDUCED
+
+    misses = example_misses(spec.output_names, examples, spec.reference_outputs, min_cosine) \
+        if floats in REDUCED else []
+    if misses:
+        raise GateMissError("{} (int8, its float layers in {}) misses the int8 gate: {}".format(
+            label, floats, "; ".join(misses)),
+            hint="pass example inputs drawn like your calibration data (the bundle's reference call), or "
+                 "--precision fp32 so that the layers kept out of int8 compute in fp32")
+
+
 def finish(plan: Plan, artifact: Any, spec: Any, found: Dict[str, Any]) -> Any:
     """Records a quantized artifact's accuracy against torch eager on held-out inputs and its outputs on the
     example inputs (`found`, as `measure` returns it), and applies the gate."""

@@ -109,17 +109,25 @@ class FloatGate:
         gate's mean over its inputs can pass while the example alone misses, and the export would then refuse
         the bundle it wrote as a bug (timm's EfficientViT-B0, OpenVINO bf16 with its first 35% of layers fp32:
         the example's relative error 5.6% after the gate passed)."""
-        from edgedyn.runtime.program import DEFAULT_MIN_COSINE, compare_cosine
+        from edgedyn.runtime.program import DEFAULT_MIN_COSINE
 
         bound = self.gate.min_cosine if self.gate.min_cosine is not None else DEFAULT_MIN_COSINE
         examples = [np.asarray(t.numpy(), order="C") for t in self.spec.example_tensors]
         if self._example_want is None:
             self._example_want = self._eager([examples])[0]
-        got = [np.asarray(o) for o in (run(examples) if example_outputs is None else example_outputs)]
-        return ["{} cosine {:.6f} < {:g} on the example inputs (the bundle's reference, which verify checks)".format(
-            name, result.get("cosine", float("nan")), bound)
-            for name, result in zip(self.spec.output_names, (compare_cosine(g, w, bound) for g, w in zip(
-                got, self._example_want))) if not result["ok"]]
+        got = run(examples) if example_outputs is None else example_outputs
+        return example_misses(self.spec.output_names, got, self._example_want, bound)
+
+
+def example_misses(names: List[str], got: List[Any], want: List[np.ndarray], bound: float) -> List[str]:
+    """The outputs on the example inputs whose cosine to torch eager's (`want`) is below `bound`, in words: what
+    `edgedyn verify` and the export's last check would refuse in a reduced-precision bundle."""
+    from edgedyn.runtime.program import compare_cosine
+
+    return ["{} cosine {:.6f} < {:g} on the example inputs (the bundle's reference, which verify checks)".format(
+        name, result.get("cosine", float("nan")), bound)
+        for name, result in zip(names, (compare_cosine(np.asarray(g), w, bound) for g, w in zip(got, want)))
+        if not result["ok"]]
 
 
 def float_gate(spec: Any, eval_inputs: Any = None, max_accuracy_drop: Optional[str] = None,
