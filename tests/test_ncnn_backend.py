@@ -485,9 +485,13 @@ def test_a_channel_shuffle_and_an_unfolded_batch_norm_run_in_ncnn_and_match_torc
     (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
     layers = artifact["ncnn"]["layers"]
     assert layers.get("ShuffleChannel") == 1 and layers.get("BatchNorm") == 1, layers
+    _assert_matches_on_fresh_inputs(model, path, (1, 3, 16, 16))
+
+
+def _assert_matches_on_fresh_inputs(model, path, shape):
     program = rt.load(path, threads=1)
     for seed in (1, 2):
-        x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32)
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
         with torch.no_grad():
             want = model(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(program(x), want, rtol=RTOL, atol=1e-5 * float(np.abs(want).max()))
@@ -502,12 +506,16 @@ def test_a_channel_shuffle_and_an_unfolded_batch_norm_run_in_ncnn_and_match_torc
     (lambda p: _set_param(p, b"BatchNorm", b"0=", b"0=4"), "(Convolution conv_5): weights tagged 0x"),
 ])
 def test_shuffle_channel_and_batch_norm_parameters_are_checked_against_their_input(tmp_path, edit, words):
-    _, path = _shuffle_and_norm_bundle(tmp_path)
+    _assert_edit_refused(_shuffle_and_norm_bundle(tmp_path)[1], {"x": (3, 16, 16)}, edit, words)
+
+
+def _assert_edit_refused(path, shapes, edit, words):
+    """The bundle's ncnn model passes the checker, and with its .param text edited by `edit` is refused, saying
+    `words`."""
     (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
     with zipfile.ZipFile(str(path)) as archive:
         param = archive.read(artifact["files"]["model"])
         weights = archive.read(artifact["files"]["weights"])
-    shapes = {"x": (3, 16, 16)}
     check_model(param, weights, "m", shapes)  # the real one passes
     with pytest.raises(BundleError) as raised:
         check_model(edit(param), weights, "m", shapes)
@@ -540,11 +548,100 @@ def test_mutants_of_a_bundle_with_shuffle_channel_and_batch_norm_are_refused_cle
     # The fuzz run of tests/test_fuzz.py over the bundle that holds the two layers ncnn_channels.py checks: every
     # mutant (its .param and .bin tampered with and resealed among them) loads, runs and verifies or is refused
     # with an EdgedynError, in a worker that must not crash.
+    _assert_mutants_refused_cleanly(_shuffle_and_norm_bundle(tmp_path)[1], seed=2612)
+
+
+def _assert_mutants_refused_cleanly(path, seed):
+    """30 mutants of the bundle (tests/test_fuzz.py's campaign) each load, run and verify or are refused with an
+    EdgedynError, a third at least refused, in a worker that must not crash."""
     from test_fuzz import _fuzz
 
     fuzz = _fuzz()
-    _, path = _shuffle_and_norm_bundle(tmp_path)
-    records = fuzz.campaign([path], 30, seed=2612)
+    records = fuzz.campaign([path], 30, seed=seed)
     assert sum(record["outcome"] == "refused" for record in records) >= len(records) // 3
     bad = fuzz.findings(records)
     assert not bad, [(r["family"], r["mutation"], r["outcome"], r.get("type")) for r in bad[:10]]
+
+
+class _RowsMlp(torch.nn.Module):
+    """ConvNeXt's block in small: a depthwise convolution, then LayerNorm and a Linear MLP over the channels-last
+    rows, back to channels first, and global average pooling of that permuted tensor (which torch.export writes as
+    a mean re-strided by `as_strided`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.dw = torch.nn.Conv2d(16, 16, 7, padding=3, groups=16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.up, self.down = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.down(torch.nn.functional.gelu(self.up(self.norm(y))))
+        x = x + y.permute(0, 3, 1, 2)
+        return self.head(self.pool(x).flatten(1))
+
+
+def _rows_mlp_bundle(tmp_path):
+    torch.manual_seed(0)
+    model = _RowsMlp().eval()
+    return model, edgedyn.export(model, (torch.randn(1, 3, 12, 12),), backend="ncnn", output=tmp_path / "m.edgedyn")
+
+
+def test_a_linear_over_rows_runs_in_ncnn_as_gemm_and_matches_torch(tmp_path):
+    # timm's ConvNeXt-T was refused twice over: torch's ONNX exporter wrote its pooled features' `as_strided` as a
+    # Gather of 0..767 (no ncnn layer: onnx_rewrites.identity_gathers makes it a Reshape), and pnnx writes each
+    # Linear on rows as a Gemm between Reshapes given shape expressions (ncnn_rewrites.static_reshapes fixes them;
+    # ncnn_gemm.py checks the Gemm).
+    model, path = _rows_mlp_bundle(tmp_path)
+    (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
+    layers = artifact["ncnn"]["layers"]
+    assert layers.get("Gemm") == 2 and "Gather" not in layers, layers
+    _assert_matches_on_fresh_inputs(model, path, (1, 3, 12, 12))
+    with zipfile.ZipFile(str(path)) as archive:
+        assert b'6="' not in archive.read(artifact["files"]["model"])  # no shape expression left
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda p: _set_param(p, b"Gemm", b"7=", b"7=100"), "an input of 144 rows for constantM 100"),
+    (lambda p: _set_param(p, b"Gemm", b"14=", b"14=1"), "parameter(s) [14] set"),
+    (lambda p: _set_param(p, b"Gemm", b"18=", b"18=1"), "an int8 layer"),
+    (lambda p: _set_param(p, b"Gemm", b"4=", b"4=1"), "(Gemm gemm_0): 2304 weights at bytes"),  # A read from the .bin
+    (lambda p: _set_param(p, b"Gemm", b"10=", b"10=7"), "a weight array of -1 items"),
+    # fewer outputs read fewer weights: the walk through the .bin lands the next array off its tag
+    (lambda p: _set_param(p, b"Gemm", b"8=", b"8=32"), "weights tagged 0x"),
+])
+def test_gemm_parameters_are_checked_against_their_input_and_weights(tmp_path, edit, words):
+    _assert_edit_refused(_rows_mlp_bundle(tmp_path)[1], {"x": (3, 12, 12)}, edit, words)
+
+
+def test_a_gemm_bias_by_rows_needs_constant_m_to_be_the_inputs_rows():
+    from edgedyn.runtime.executors.ncnn_gemm import gemm
+    from edgedyn.runtime.executors.ncnn_shapes import ShapeError
+
+    def get(values):
+        return lambda key, default: values.get(key, default)
+
+    linear = {5: 1, 6: 1, 8: 4, 9: 16, 10: 4}
+    assert gemm([(9, 16)], get(linear), {}) == [(9, 4)]  # a bias per output: any number of rows
+    assert gemm([(9, 16)], get({**linear, 7: 9, 10: 3}), {}) == [(9, 4)]
+    for values in ({**linear, 10: 3}, {**linear, 10: 1}):  # ncnn sizes that bias by constantM, here unset
+        with pytest.raises(ShapeError, match="a bias by rows"):
+            gemm([(9, 16)], get(values), {})
+    for shape in ((3, 9, 16), (9, 15), (16,)):  # ncnn's packed weights read K values of each row
+        with pytest.raises(ShapeError, match=r"for constantK 16"):
+            gemm([shape], get(linear), {})
+    with pytest.raises(ShapeError, match="alpha"):
+        gemm([(9, 16)], get(linear), {0: (1.0, 2.0)})
+    for key in (2, 4):  # A transposed or constant: not a Linear's
+        with pytest.raises(ShapeError, match="edgedyn's files hold an input times constant weights"):
+            gemm([(9, 16)], get({**linear, key: 1}), {})
+
+
+def test_mutants_of_a_bundle_with_gemm_are_refused_cleanly(tmp_path):
+    # The fuzz run of tests/test_fuzz.py over a bundle holding Gemm (ncnn_gemm.py), as for every layer the checker
+    # takes: every mutant loads, runs and verifies or is refused with an EdgedynError, in a worker that must not crash.
+    _assert_mutants_refused_cleanly(_rows_mlp_bundle(tmp_path)[1], seed=2613)

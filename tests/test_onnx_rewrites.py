@@ -235,3 +235,42 @@ def test_a_nan_guard_over_scores_plus_a_constant_holding_minus_inf_stays() -> No
     assert guarded(causal)["softmax_nan_guards_removed"] == 1
     causal_inf = np.triu(np.full((4, 4), -np.inf, np.float32), 1)
     assert guarded(causal_inf)["softmax_nan_guards_removed"] == 0
+
+
+def test_a_gather_of_every_index_in_order_becomes_a_reshape_and_others_stay() -> None:
+    # torch's exporter writes an `as_strided` to a tensor's own shape (timm's ConvNeXt, its pooled features) as
+    # Reshape(x, [-1]) and a Gather of 0..n-1: the same values as a Reshape, which pnnx converts and Gather it
+    # does not. A Gather that reorders, repeats or takes part of its input is a real gather and stays.
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgedyn.backends.onnx_rewrites import identity_gathers
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 1, 1])
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+               for name, shape in (("same", [1, 6, 1, 1]), ("moved", [2, 3]), ("part", [4]))]
+    constants = [numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+                 numpy_helper.from_array(np.arange(6, dtype=np.int64).reshape(1, 6, 1, 1), "in_order"),
+                 numpy_helper.from_array(np.array([[1, 0, 2], [3, 5, 4]], np.int64), "reordered"),
+                 numpy_helper.from_array(np.arange(4, dtype=np.int64), "first_four")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "flat"], ["flat_x"]),
+             helper.make_node("Gather", ["flat_x", "in_order"], ["same"], axis=0),
+             helper.make_node("Gather", ["flat_x", "reordered"], ["moved"], axis=0),
+             helper.make_node("Gather", ["flat_x", "first_four"], ["part"], axis=0)]
+    model = _tiny_model(onnx, nodes, [x], outputs, constants)
+    value = np.random.default_rng(0).standard_normal((1, 6, 1, 1)).astype(np.float32)
+
+    def run(proto):
+        session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(None, {"x": value})
+
+    before = run(model)
+    assert identity_gathers(onnx, model) == 1
+    onnx.checker.check_model(model)
+    assert [n.op_type for n in model.graph.node] == ["Relu", "Reshape", "Reshape", "Gather", "Gather"]
+    after = run(model)
+    assert after[0].shape == (1, 6, 1, 1)
+    for got, want in zip(after, before):
+        np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(after[1].ravel(), np.maximum(value, 0).ravel()[:6])  # a real gather: reordered

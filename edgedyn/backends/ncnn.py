@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edgedyn.backends.artifact import Artifact, Build, open_executor
-from edgedyn.backends.ncnn_rewrites import fuse_global_pooling, fuse_pooled_convolutions, fuse_swish
+from edgedyn.backends.ncnn_rewrites import fuse_global_pooling, fuse_pooled_convolutions, fuse_swish, static_reshapes
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.runtime.errors import BundleError
 from edgedyn.runtime.executors.ncnn_param import WEIGHTS, check_model
@@ -80,6 +80,7 @@ def lower(build: Build) -> Artifact:
     param, weights = _convert(pnnx, onnx_model.SerializeToString(), [shape for shape, _ in inputs])
     item_shapes = {name: shape[1:] for name, (shape, _) in zip(build.tensor_inputs, inputs)}
     param = fuse_swish(_named(param, build, list(build.tensor_inputs), output_names))
+    param = static_reshapes(param, weights, ncnn, item_shapes)
     try:
         param = fuse_pooled_convolutions(fuse_global_pooling(param, item_shapes), item_shapes)
         layers = check_model(param, weights, "the ncnn model pnnx wrote", item_shapes)

@@ -216,3 +216,49 @@ def _rewritten(param: bytes, gone: Any, replaced: Dict[int, List[List[str]]], ro
     added = len(kept) - len(rows)
     header = "{} {}".format(count + added, blobs + added)
     return "\n".join([lines[0], header] + [" ".join(row) for row in kept] + [""]).encode("ascii")
+
+
+def static_reshapes(param: bytes, weights: bytes, ncnn: Any, inputs: Dict[str, Tuple[int, ...]]) -> bytes:
+    """The .param text with each Reshape that pnnx gave a shape expression (parameter 6, a string such as "0w,-1"
+    or "0w,1h,1c" over its input blobs' axes: pnnx writes one around each Gemm of a Linear on rows) as a Reshape to
+    the fixed shape ncnn computes for it here, reading its first input alone. The shapes are fixed by the bundle's
+    guards, so the expression always gives that one shape; and edgedyn's checker (ncnn_param.py) takes numbers only:
+    evaluating an expression language inside the runtime's border is what it keeps out. ncnn itself loads the text
+    and runs once on random inputs of `inputs`' per-item shapes to say each shape; the backend then checks the
+    result and compares it with torch eager as it does every model."""
+    import os
+    import tempfile
+
+    import numpy as np
+
+    rows = _rows(param)
+    found = {i: row for i, row in enumerate(rows) if row[0] == "Reshape" and any(t.startswith("6=") for t in row[4:])}
+    if not found:
+        return param
+    net = ncnn.Net()
+    try:
+        with tempfile.TemporaryDirectory(prefix="edgedyn-ncnn-") as folder:
+            path = os.path.join(folder, "weights.bin")
+            with open(path, "wb") as handle:
+                handle.write(weights)
+            if net.load_param_mem(param.decode("ascii")) != 0 or net.load_model(path) != 0:
+                return param  # ncnn refused it: the checker names what it refuses
+        extractor = net.create_extractor()
+        rng = np.random.default_rng(0)
+        for name, shape in inputs.items():
+            extractor.input(name, ncnn.Mat(rng.standard_normal(shape).astype(np.float32)).clone())
+        replaced = {}  # type: Dict[int, List[List[str]]]
+        for index, row in found.items():
+            top = row[4 + int(row[2])]
+            code, mat = extractor.extract(top)
+            if code != 0:
+                return param
+            dims = {1: [(0, mat.w)], 2: [(0, mat.w), (1, mat.h)], 3: [(0, mat.w), (1, mat.h), (2, mat.c)],
+                    4: [(0, mat.w), (1, mat.h), (11, mat.d), (2, mat.c)]}.get(mat.dims)
+            if dims is None:
+                return param
+            replaced[index] = [["Reshape", row[1], "1", "1", row[4], top] + ["{}={}".format(k, v) for k, v in dims]]
+        del extractor
+    finally:
+        net.clear()
+    return _rewritten(param, set(), replaced, rows)

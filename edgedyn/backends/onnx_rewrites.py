@@ -146,3 +146,34 @@ def _rows_cannot_be_all_minus_inf(graph: Graph, scores: str) -> bool:
         if len(constant) != 1 or not np.isfinite(graph.constant(constant[0])).all():
             return False
         scores = add.input[0] if add.input[1] == constant[0] else add.input[1]
+
+
+def identity_gathers(onnx: Any, model: Any) -> int:
+    """Rewrites in place each Gather that only reshapes (returns how many): torch's exporter writes
+    `aten.as_strided` to a tensor's own shape and contiguous strides (timm's ConvNeXt: its pooled features, re-strided
+    after its channels-last stages) as Reshape(x, [-1]), then a Gather of the constant indices 0..n-1 shaped as the
+    result. That is Reshape(x, the indices' shape), the same values: onnxruntime and OpenVINO skip a copy, and pnnx,
+    which has no ncnn layer for a Gather, converts the model (the ncnn candidate was refused for ConvNeXt).
+    Every backend that reads the exporter's ONNX (onnxruntime, OpenVINO, ncnn) gets it (onnxruntime.export_onnx)."""
+    if not any(node.op_type == "Gather" for node in model.graph.node):
+        return 0
+    from onnx import numpy_helper
+
+    graph = Graph(onnx, model)
+    count = 0
+    for node in list(graph.graph.node):
+        if not graph.is_op(node, "Gather") or graph.attribute(node, "axis", 0) not in (0, -1):
+            continue
+        shape, index = graph.shapes.get(node.input[0]), graph.constant(node.input[1])
+        if shape is None or len(shape) != 1 or not shape[0] or index is None or index.size != shape[0] \
+                or not np.array_equal(index.reshape(-1), np.arange(shape[0])):
+            continue
+        target = "{}_as_reshape".format(node.output[0])
+        graph.graph.initializer.append(numpy_helper.from_array(np.asarray(index.shape, np.int64), target))
+        node.op_type = "Reshape"
+        del node.attribute[:]
+        node.input[1] = target
+        count += 1
+    if count:
+        prune(graph)
+    return count
