@@ -645,3 +645,51 @@ def test_mutants_of_a_bundle_with_gemm_are_refused_cleanly(tmp_path):
     # The fuzz run of tests/test_fuzz.py over a bundle holding Gemm (ncnn_gemm.py), as for every layer the checker
     # takes: every mutant loads, runs and verifies or is refused with an EdgedynError, in a worker that must not crash.
     _assert_mutants_refused_cleanly(_rows_mlp_bundle(tmp_path)[1], seed=2613)
+
+
+def _zoo_ncnn_bundle(tmp_path, name):
+    from edgedyn import zoo
+
+    model = zoo.build(name)
+    return model, edgedyn.export(model, inputs=zoo.input_options(name), backend="ncnn",
+                                 output=tmp_path / "{}.edgedyn".format(name))
+
+
+@pytest.mark.parametrize("name, layer", [("efficientnet", "Pooling"), ("poolformer", "GroupNorm")])
+def test_transformers_efficientnet_and_poolformer_run_in_ncnn_and_match_torch(tmp_path, name, layer):
+    # EfficientNet pools its last (320, 2, 2) map with AvgPool2d(320, ceil_mode=True), which ncnn's Pooling would
+    # not clip (edgedyn's checker refused it); the ONNX model now holds the GlobalAveragePool it is
+    # (onnx_rewrites.whole_map_pools). PoolFormer normalizes with GroupNorm, which the checker did not know
+    # (ncnn_channels.group_norm).
+    model, path = _zoo_ncnn_bundle(tmp_path, name)
+    (spec,) = rt.read_manifest(path)["specializations"]
+    assert spec["artifacts"][0]["ncnn"]["layers"].get(layer), spec["artifacts"][0]["ncnn"]["layers"]
+    shape = tuple(spec["inputs"][0]["shape"])
+    program = rt.load(path, threads=1)
+    for seed in (1, 2):
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        with torch.no_grad():
+            want = model(torch.from_numpy(x)).logits.numpy()
+        np.testing.assert_allclose(program(x)["logits"], want, rtol=RTOL, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_a_group_norm_takes_only_an_input_of_its_channels_split_evenly():
+    from edgedyn.runtime.executors.ncnn_channels import group_norm
+    from edgedyn.runtime.executors.ncnn_shapes import ShapeError
+
+    def get(values):
+        return lambda key, default: values.get(key, default)
+
+    for shape in ((8,), (8, 5), (8, 4, 4), (8, 2, 4, 4)):
+        assert group_norm([shape], get({0: 2, 1: 8}), {2: 1e-5}) == [shape]
+    with pytest.raises(ShapeError, match=r"8 channels, an input of shape \[4, 8, 8\]"):
+        group_norm([(4, 8, 8)], get({0: 2, 1: 8}), {})
+    for values in ({0: 3, 1: 8}, {0: 0, 1: 8}, {0: 1, 1: 0}, {0: 2, 1: 8, 3: 2}):
+        with pytest.raises(ShapeError, match="groups of"):
+            group_norm([(8, 4, 4)], get(values), {})
+    with pytest.raises(ShapeError, match="eps"):
+        group_norm([(8, 4, 4)], get({0: 2, 1: 8}), {2: (1.0, 2.0)})
+
+
+def test_mutants_of_a_bundle_with_group_norm_are_refused_cleanly(tmp_path):
+    _assert_mutants_refused_cleanly(_zoo_ncnn_bundle(tmp_path, "poolformer")[1], seed=2614)

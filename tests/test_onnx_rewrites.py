@@ -274,3 +274,36 @@ def test_a_gather_of_every_index_in_order_becomes_a_reshape_and_others_stay() ->
     for got, want in zip(after, before):
         np.testing.assert_array_equal(got, want)
     assert not np.array_equal(after[1].ravel(), np.maximum(value, 0).ravel()[:6])  # a real gather: reordered
+
+
+def test_an_average_pool_whose_window_covers_the_map_becomes_global_and_others_stay() -> None:
+    # transformers' EfficientNet: AvgPool2d(320, ceil_mode=True) over a 2x2 map, one clipped window: the map's mean.
+    # ncnn would not clip it (edgedyn's checker refused pnnx's Pooling); GlobalAveragePool is the same values.
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 2, 2])
+    shapes = {"whole": [1, 8, 1, 1], "windows": [1, 8, 1, 1], "padded": [1, 8, 2, 2]}
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in shapes.items()]
+    nodes = [helper.make_node("AveragePool", ["x"], ["whole"], kernel_shape=[320, 320], strides=[320, 320],
+                              ceil_mode=1, count_include_pad=1, pads=[0, 0, 0, 0]),
+             helper.make_node("AveragePool", ["x"], ["windows"], kernel_shape=[2, 1], strides=[2, 2]),
+             helper.make_node("AveragePool", ["x"], ["padded"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    model = _tiny_model(onnx, nodes, [x], outputs, [])
+    value = np.random.default_rng(1).standard_normal((1, 8, 2, 2)).astype(np.float32)
+
+    def run(proto):
+        session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(None, {"x": value})
+
+    from edgedyn.backends.onnx_rewrites import whole_map_pools
+
+    before = run(model)
+    assert whole_map_pools(onnx, model) == 1
+    onnx.checker.check_model(model)
+    assert [n.op_type for n in model.graph.node] == ["GlobalAveragePool", "AveragePool", "AveragePool"]
+    after = run(model)
+    np.testing.assert_allclose(after[0], value.mean(axis=(2, 3), keepdims=True), rtol=1e-6)
+    for got, want in zip(after, before):
+        np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -177,3 +177,29 @@ def identity_gathers(onnx: Any, model: Any) -> int:
     if count:
         prune(graph)
     return count
+
+
+def whole_map_pools(onnx: Any, model: Any) -> int:
+    """Rewrites in place each AveragePool whose one window covers its whole (unpadded) input as the
+    GlobalAveragePool it is (returns how many): transformers' EfficientNet pools its last (320, 2, 2) map with
+    `AvgPool2d(320, ceil_mode=True)`, a 320-wide window that torch and onnxruntime clip to the 2x2 map. ncnn does not
+    clip it (its full-padding arithmetic would make a 2x2 output of mostly padding), so edgedyn's checker refused
+    pnnx's Pooling; as a global average pool every runtime computes the mean of the map, which is what torch does."""
+    if not any(node.op_type == "AveragePool" for node in model.graph.node):
+        return 0
+    graph = Graph(onnx, model)
+    count = 0
+    for node in graph.graph.node:
+        if not graph.is_op(node, "AveragePool"):
+            continue
+        shape, out = graph.shapes.get(node.input[0]), graph.shapes.get(node.output[0])
+        kernel = list(graph.attribute(node, "kernel_shape", []))
+        pads = list(graph.attribute(node, "pads", [0] * 2 * len(kernel)))
+        if shape is None or out is None or len(shape) != 2 + len(kernel) or out != shape[:2] + [1] * len(kernel) \
+                or any(k < n for k, n in zip(kernel, shape[2:])) or any(pads) \
+                or graph.attribute(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            continue
+        node.op_type = "GlobalAveragePool"
+        del node.attribute[:]
+        count += 1
+    return count

@@ -153,6 +153,7 @@ def _export(onnx: Any, program: Any, tensor_inputs: List[str], output_names: Lis
     # 9, the lowest that opset allows, and an older runtime is then never asked to trust a newer format.
     model.ir_version = IR_VERSION
     onnx_rewrites.identity_gathers(onnx, model)
+    onnx_rewrites.whole_map_pools(onnx, model)
     onnx.checker.check_model(model)
     if model.ByteSize() > MAX_MODEL_BYTES:
         raise BackendError("the ONNX model is {:.1f} GiB; one ONNX file holds at most 2 GiB".format(
