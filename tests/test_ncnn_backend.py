@@ -655,12 +655,14 @@ def _zoo_ncnn_bundle(tmp_path, name):
                                  output=tmp_path / "{}.edgedyn".format(name))
 
 
-@pytest.mark.parametrize("name, layer", [("efficientnet", "Pooling"), ("poolformer", "GroupNorm")])
-def test_transformers_efficientnet_and_poolformer_run_in_ncnn_and_match_torch(tmp_path, name, layer):
+@pytest.mark.parametrize("name, layer", [("efficientnet", "Pooling"), ("poolformer", "GroupNorm"),
+                                         ("segformer", "MultiHeadAttention")])
+def test_transformers_models_refused_before_run_in_ncnn_and_match_torch(tmp_path, name, layer):
     # EfficientNet pools its last (320, 2, 2) map with AvgPool2d(320, ceil_mode=True), which ncnn's Pooling would
     # not clip (edgedyn's checker refused it); the ONNX model now holds the GlobalAveragePool it is
-    # (onnx_rewrites.whole_map_pools). PoolFormer normalizes with GroupNorm, which the checker did not know
-    # (ncnn_channels.group_norm).
+    # (onnx_rewrites.whole_map_pools). PoolFormer normalizes with GroupNorm, SegFormer attends with
+    # MultiHeadAttention (on one blob, and on three for its reduced keys and values), which the checker did not
+    # know (ncnn_channels.group_norm, ncnn_attention.py).
     model, path = _zoo_ncnn_bundle(tmp_path, name)
     (spec,) = rt.read_manifest(path)["specializations"]
     assert spec["artifacts"][0]["ncnn"]["layers"].get(layer), spec["artifacts"][0]["ncnn"]["layers"]
@@ -693,3 +695,31 @@ def test_a_group_norm_takes_only_an_input_of_its_channels_split_evenly():
 
 def test_mutants_of_a_bundle_with_group_norm_are_refused_cleanly(tmp_path):
     _assert_mutants_refused_cleanly(_zoo_ncnn_bundle(tmp_path, "poolformer")[1], seed=2614)
+
+
+def test_multi_head_attention_takes_only_inputs_as_wide_as_its_weights():
+    from edgedyn.runtime.executors.ncnn_attention import _weights, multi_head_attention
+    from edgedyn.runtime.executors.ncnn_shapes import ShapeError
+
+    def get(values):
+        return lambda key, default: values.get(key, default)
+
+    self_attention = {0: 32, 1: 2, 2: 1024, 3: 32, 4: 32}
+    assert multi_head_attention([(16, 32)], get(self_attention), {}) == [(16, 32)]
+    reduced = {0: 16, 1: 1, 2: 256, 3: 16, 4: 16}  # SegFormer: 64 queries, 16 keys and values
+    assert multi_head_attention([(64, 16), (16, 16), (16, 16)], get(reduced), {6: 0.25}) == [(64, 16)]
+    assert _weights(get(self_attention)) == [(1024, True), (32, False)] * 4
+    for shapes in ([(16, 31)], [(64, 16), (16, 8), (16, 16)], [(64, 16), (16, 16), (15, 16)], [(2, 16, 32)]):
+        with pytest.raises(ShapeError, match="query|inputs of shapes"):
+            multi_head_attention(shapes, get(self_attention if len(shapes) == 1 else reduced), {})
+    for key, value in ((5, 1), (7, 1), (18, 1)):  # a mask, a key-value cache, int8: not in edgedyn's files
+        with pytest.raises(ShapeError, match=r"parameter\(s\) \[{}\] set".format(key)):
+            multi_head_attention([(16, 32)], get({**self_attention, key: value}), {})
+    for values in ({**self_attention, 1: 3}, {**self_attention, 2: 1000}, {**self_attention, 0: 0}):
+        with pytest.raises(ShapeError, match="embed_dim"):
+            multi_head_attention([(16, 32)], get(values), {})
+    assert _weights(get({**self_attention, 2: 1000})) == [(-1, True)]  # the walk refuses it before ncnn reads
+
+
+def test_mutants_of_a_bundle_with_multi_head_attention_are_refused_cleanly(tmp_path):
+    _assert_mutants_refused_cleanly(_zoo_ncnn_bundle(tmp_path, "segformer")[1], seed=2615)

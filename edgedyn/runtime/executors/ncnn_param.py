@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, 
 
 from edgedyn.runtime import schema
 from edgedyn.runtime.errors import BundleError
-from edgedyn.runtime.executors import ncnn_channels, ncnn_gemm
+from edgedyn.runtime.executors import ncnn_attention, ncnn_channels, ncnn_gemm
 from edgedyn.runtime.executors.ncnn_shapes import RULES as SHAPE_RULES, Shape, ShapeError, need, slice_
 
 MAGIC = 7767517
@@ -58,7 +58,7 @@ class Layer(NamedTuple):
 # with how its weights lie in the .bin: a function of its parameters giving (element count, tagged) per array, in
 # ncnn's load_model order.
 Weights = Callable[[Callable[[int, int], int]], List[Tuple[int, bool]]]
-RULES = dict(SHAPE_RULES, **ncnn_channels.RULES, **ncnn_gemm.RULES)
+RULES = dict(SHAPE_RULES, **ncnn_channels.RULES, **ncnn_gemm.RULES, **ncnn_attention.RULES)
 
 
 def _conv(dynamic: int) -> Weights:
@@ -83,7 +83,7 @@ WEIGHTS = dict({name: (lambda p: []) for name in tuple(RULES) + WALKED}, **{
     "LayerNorm": lambda p: [(p(0, 0), False)] * 2 if p(2, 1) else [],
     "MemoryData": _memory,
     "Padding": lambda p: [(p(6, 0), False)] if p(6, 0) else [],
-}, **ncnn_channels.WEIGHTS, **ncnn_gemm.WEIGHTS)  # type: Dict[str, Weights]
+}, **ncnn_channels.WEIGHTS, **ncnn_gemm.WEIGHTS, **ncnn_attention.WEIGHTS)  # type: Dict[str, Weights]
 
 # Parameters ncnn divides by, or sizes loops with, that must be at least 1 when given: (id, default) per layer.
 _CONV = ((0, 0), (1, 0), (2, 1), (3, 1), (11, 1), (12, 1), (13, 1))
@@ -92,7 +92,8 @@ POSITIVE = dict({name: _CONV + (((7, 1),) if "DepthWise" in name else ()) for na
     "Pooling": ((2, 1), (12, 1)), "InnerProduct": ((0, 0),), "PixelShuffle": ((0, 1),),
 })  # type: Dict[str, Tuple[Tuple[int, int], ...]]
 # Parameters that make a layer integer-valued (int8 scales): edgedyn's files are float.
-INT8_PARAMS = {"Convolution": 8, "ConvolutionDepthWise": 8, "InnerProduct": 8, "Gemm": 18}
+INT8_PARAMS = {"Convolution": 8, "ConvolutionDepthWise": 8, "InnerProduct": 8, "Gemm": 18,
+               "MultiHeadAttention": 18}
 # The parameter holding a layer's weight count, which the .bin bounds (MAX_INT does not apply to it).
 WEIGHT_SIZE = dict({name: 6 for name in CONVOLUTIONS}, InnerProduct=2)
 # What a layer's parameters and shapes may make: the manifest's estimate of one call's tensors (every intermediate,
