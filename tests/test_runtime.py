@@ -176,6 +176,20 @@ def test_a_member_missing_from_the_manifest_is_refused(export_example, tmp_path)
         rt.load(path)
 
 
+@pytest.mark.parametrize("size", [1 << 40, 1 << 63])
+def test_an_input_shape_no_machine_could_hold_is_refused_at_load(export_example, tmp_path, size):
+    # `edgedyn bench` and `run` draw random inputs by the manifest's shapes: a tampered dimension must not reach an
+    # allocation (the fuzz run found numpy's ValueError there: "Maximum allowed dimension exceeded").
+    def edit(manifest):
+        manifest["specializations"][0]["inputs"][0]["shape"][-1] = size
+
+    path = _rewrite(export_example("tiny_cnn"), tmp_path / "huge.edgedyn", edit)
+    with pytest.raises(rt.BundleError) as info:
+        rt.load(path)
+    assert "specializations[0].inputs: declares" in info.value.message
+    assert "above this machine's" in info.value.message
+
+
 def test_a_bundle_for_another_cpu_is_refused(export_example):
     board, arch = foreign_board()  # on x86: raspberry-pi-4, aarch64
     here = rt.format.host_arch()

@@ -6,6 +6,7 @@ Checker and limits. A bundle may arrive over a network: a value that would make 
 allocate without bound or build an object array is refused with a BundleError naming the member and the field.
 Standard library and numpy only, Python 3.8 syntax: this file runs on the board.
 """
+import os
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
@@ -139,6 +140,22 @@ def _check_signature(c: Checker, signature: Any) -> List[str]:
     return names
 
 
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (2^62 where the OS does not say): no buffer a bundle asks for may
+    exceed it."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no machine limit to add
+        return 1 << 62
+
+
+def _tensor_bytes(record: Dict[str, Any]) -> int:
+    count = 1
+    for size in record["shape"]:
+        count *= size
+    return count * np.dtype(record["dtype"]).itemsize
+
+
 def declared_tensor_bytes(spec: Dict[str, Any]) -> Optional[int]:
     """What the manifest says one call's tensors take (every intermediate, unplanned), when it says."""
     memory = spec.get("memory")
@@ -158,6 +175,12 @@ def _check_specialization(c: Checker, spec: Any, where: str, names: List[str], m
             c.text(record["name"], at + ".name")
             c.dtype(record["dtype"], at + ".dtype")
             c.shape(record["shape"], at + ".shape")
+        # A caller builds arrays of these shapes (`edgedyn bench` and `run` draw random inputs by them): a shape no
+        # machine of this size could hold is a tampered manifest, refused before anyone allocates by it.
+        size = sum(_tensor_bytes(record) for record in spec[key])
+        if size > machine_memory():
+            raise c.fail("{}.{}".format(where, key), "declares {} bytes of tensors, above this machine's {} bytes "
+                                                     "of memory".format(size, machine_memory()))
     unknown = [name for name in (r["name"] for r in spec["inputs"]) if name not in names]
     if unknown:
         raise c.fail(where + ".inputs", "names arguments the signature lacks: {}".format(bounded(unknown)))

@@ -5,7 +5,6 @@ first built when the bundle is loaded), at the offsets the memory plan chose; ea
 inputs in, runs the steps and copies the outputs out: no allocation for intermediates.
 Standard library and numpy >= 1.19 only, Python 3.8 syntax: this file runs on the board.
 """
-import os
 import time
 from typing import Any, Callable, Dict, List
 
@@ -24,10 +23,7 @@ GRAPH_FORMAT_VERSION = graph_schema.PORTABLE_VERSION
 def _arena_limit(artifact: Dict[str, Any]) -> int:
     """The most arena a graph may ask for: what the manifest planned when it says, never more than this machine's
     memory (an arena per calling thread is allocated from this number)."""
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not POSIX: no machine limit to add
-        physical = 1 << 62
+    physical = schema.machine_memory()
     planned = artifact.get("memory", {}).get("arena_bytes") if isinstance(artifact.get("memory"), dict) else None
     return min(planned, physical) if isinstance(planned, int) and planned >= 0 else physical
 
