@@ -1,4 +1,7 @@
-"""Rewrites of the exported ONNX graph that onnxruntime does not do itself: the attention torch's exporter writes.
+"""Rewrites of the exported ONNX graph that onnxruntime does not do itself: the attention torch's exporter writes
+(`rewrite`); and two that keep every value and let converters take the graph: a Gather that only reshapes
+(`identity_gathers`, for every backend reading the exporter's ONNX) and an AveragePool that covers its whole map
+(`whole_map_pools`, for ncnn's pnnx).
 
 torch's dynamo exporter writes `scaled_dot_product_attention` as Reshape/Transpose per head, a Mul by sqrt(scale) on
 q and on k, MatMul, an Add of the attention mask (an all-zero constant when the model has none), Softmax, then
@@ -184,7 +187,8 @@ def whole_map_pools(onnx: Any, model: Any) -> int:
     GlobalAveragePool it is (returns how many): transformers' EfficientNet pools its last (320, 2, 2) map with
     `AvgPool2d(320, ceil_mode=True)`, a 320-wide window that torch and onnxruntime clip to the 2x2 map. ncnn does not
     clip it (its full-padding arithmetic would make a 2x2 output of mostly padding), so edgedyn's checker refused
-    pnnx's Pooling; as a global average pool every runtime computes the mean of the map, which is what torch does."""
+    pnnx's Pooling; as a global average pool ncnn computes the mean of the map, which is what torch does. Applied
+    for ncnn only (backends/ncnn.py): the other runtimes clip the window themselves."""
     if not any(node.op_type == "AveragePool" for node in model.graph.node):
         return 0
     graph = Graph(onnx, model)

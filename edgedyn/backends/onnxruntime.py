@@ -156,9 +156,9 @@ def _export(onnx: Any, program: Any, tensor_inputs: List[str], output_names: Lis
     if model.ByteSize() > MAX_MODEL_BYTES:
         raise BackendError("the ONNX model is {:.1f} GiB; one ONNX file holds at most 2 GiB".format(
             model.ByteSize() / 2 ** 30), hint="use --backend tvm for models this large")
-    # Views and pools the exporter writes as something slower or that a converter lacks (onnx_rewrites); after
-    # the size check: their shape inference needs the model in one protobuf.
-    if onnx_rewrites.identity_gathers(onnx, model) + onnx_rewrites.whole_map_pools(onnx, model):
+    # Views the exporter writes as a gather, which a converter lacks (onnx_rewrites); after the size check: the
+    # rewrite's shape inference needs the model in one protobuf.
+    if onnx_rewrites.identity_gathers(onnx, model):
         onnx.checker.check_model(model)
     return model
 
