@@ -803,6 +803,18 @@ def test_inspect_shows_the_times_auto_weighed_not_its_first_turns():
                                      "thread, tvm 1.44e+03 ms)")
 
 
+def _off_on(example, batch, outputs, rng, amount):
+    """`outputs` (torch's on `batch`), but on the example inputs the first moved at right angles to itself by
+    `amount` of its norm: cosine 1 / sqrt(1 + amount^2) to torch there, exact on every other batch."""
+    if not all(np.array_equal(a, b) for a, b in zip(batch, example)):
+        return outputs
+    out = outputs[0].astype(np.float64).ravel()
+    side = rng.standard_normal(out.shape)
+    side -= (side @ out) / (out @ out) * out
+    moved = out + amount * np.linalg.norm(out) * side / np.linalg.norm(side)
+    return [moved.reshape(outputs[0].shape).astype(np.float32)] + outputs[1:]
+
+
 def test_the_float_gate_holds_the_example_inputs_to_the_cosine_verify_will():
     # The gate is a mean over the example inputs and 8 drawn like them; the bundle's verify (and the export's last
     # check) holds the example alone to the same cosine. A candidate that passed the mean and missed on the example
@@ -822,14 +834,7 @@ def test_the_float_gate_holds_the_example_inputs_to_the_cosine_verify_will():
             return [o.numpy() for o in _flat(module(*[torch.from_numpy(a) for a in batch]))]
 
     def off_on_the_example(batch):  # cosine 0.995 to torch there (1 / sqrt(1 + 0.1^2)), exact elsewhere
-        outputs = exact(batch)
-        if not all(np.array_equal(a, b) for a, b in zip(batch, example)):
-            return outputs
-        out = outputs[0].astype(np.float64).ravel()
-        side = rng.standard_normal(out.shape)
-        side -= (side @ out) / (out @ out) * out
-        moved = out + 0.1 * np.linalg.norm(out) * side / np.linalg.norm(side)
-        return [moved.reshape(outputs[0].shape).astype(np.float32)] + outputs[1:]
+        return _off_on(example, batch, exact(batch), rng, 0.1)
 
     assert gate.check("exact", "bf16", exact)["outputs"][0]["cosine"] > 0.99999
     with pytest.raises(GateMissError) as missed:
@@ -859,14 +864,8 @@ def test_the_int8_gate_holds_the_example_inputs_when_its_float_layers_are_reduce
 
     def off_on_the_example(batch):  # cosine 0.98 to torch there (1 / sqrt(1 + 0.2^2)), exact on the held-out split
         with torch.no_grad():
-            outputs = [o.numpy() for o in _flat(module(*[torch.from_numpy(a) for a in batch]))]
-        if not all(np.array_equal(a, b) for a, b in zip(batch, example)):
-            return outputs
-        out = outputs[0].astype(np.float64).ravel()
-        side = rng.standard_normal(out.shape)
-        side -= (side @ out) / (out @ out) * out
-        moved = out + 0.2 * np.linalg.norm(out) * side / np.linalg.norm(side)
-        return [moved.reshape(outputs[0].shape).astype(np.float32)] + outputs[1:]
+            return _off_on(example, batch, [o.numpy() for o in _flat(module(*[torch.from_numpy(a) for a in batch]))],
+                           rng, 0.2)
 
     quantization = Quantization(mode="int8", calibration=held, target_cosine=0.99,
                                 held_out=lambda backend, run: [run(batch) for batch in held])
