@@ -226,10 +226,10 @@ def static_reshapes(param: bytes, weights: bytes, ncnn: Any, inputs: Dict[str, T
     evaluating an expression language inside the runtime's border is what it keeps out. ncnn itself loads the text
     and runs once on random inputs of `inputs`' per-item shapes to say each shape; the backend then checks the
     result and compares it with torch eager as it does every model."""
-    import os
-    import tempfile
-
     import numpy as np
+
+    from edgedyn.runtime.errors import BundleError
+    from edgedyn.runtime.executors.ncnn import load_net
 
     rows = _rows(param)
     found = {i: row for i, row in enumerate(rows) if row[0] == "Reshape" and any(t.startswith("6=") for t in row[4:])}
@@ -237,12 +237,10 @@ def static_reshapes(param: bytes, weights: bytes, ncnn: Any, inputs: Dict[str, T
         return param
     net = ncnn.Net()
     try:
-        with tempfile.TemporaryDirectory(prefix="edgedyn-ncnn-") as folder:
-            path = os.path.join(folder, "weights.bin")
-            with open(path, "wb") as handle:
-                handle.write(weights)
-            if net.load_param_mem(param.decode("ascii")) != 0 or net.load_model(path) != 0:
-                return param  # ncnn refused it: the checker names what it refuses
+        try:
+            load_net(net, param, weights, LABEL)
+        except BundleError:
+            return param  # ncnn refused it: the checker names what it refuses
         extractor = net.create_extractor()
         rng = np.random.default_rng(0)
         for name, shape in inputs.items():

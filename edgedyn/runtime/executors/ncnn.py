@@ -133,7 +133,7 @@ class NcnnExecutor:
         if options_.get("threads"):
             opt.num_threads = int(options_["threads"])
         self._threads = int(opt.num_threads)
-        _load(self._net, param, weights, label)
+        load_net(self._net, param, weights, label)
         self._copy = [_read_in_place(layers, name) for name in self._inputs]
         self._called_shapes = [(self._batch,) + shape for shape in self._input_shapes]
         self._extracted = [(name, (1,) + shape, int(np.prod(shape, dtype=np.int64)))
@@ -246,9 +246,10 @@ def _effective(ncnn: Any, requested: str) -> Tuple[str, Optional[str]]:
     return computes, why_not
 
 
-def _load(net: Any, param: bytes, weights: bytes, label: str) -> None:
-    """The checked text from memory; the weights through a private file ncnn reads and copies (its Python
-    load_model_mem reports no error), removed at once."""
+def load_net(net: Any, param: bytes, weights: bytes, label: str) -> None:
+    """The text from memory (a bundle's once ncnn_param.py checked it; the ncnn backend's rewrites load pnnx's own
+    at export); the weights through a private file ncnn reads and copies (its Python load_model_mem reports no
+    error), removed at once."""
     if net.load_param_mem(param.decode("ascii")) != 0:
         raise BundleError("{}: ncnn refused the model text".format(label), hint=schema.HINT)
     with tempfile.TemporaryDirectory(prefix="edgedyn-ncnn-") as folder:
