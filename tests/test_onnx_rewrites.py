@@ -237,12 +237,19 @@ def test_a_nan_guard_over_scores_plus_a_constant_holding_minus_inf_stays() -> No
     assert guarded(causal_inf)["softmax_nan_guards_removed"] == 0
 
 
+def _run_onnxruntime(model: Any, value: np.ndarray) -> List[np.ndarray]:
+    """The outputs of `model` on input x = `value`, in onnxruntime's CPU provider."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": value})
+
+
 def test_a_gather_of_every_index_in_order_becomes_a_reshape_and_others_stay() -> None:
     # torch's exporter writes an `as_strided` to a tensor's own shape (timm's ConvNeXt, its pooled features) as
     # Reshape(x, [-1]) and a Gather of 0..n-1: the same values as a Reshape, which pnnx converts and Gather it
     # does not. A Gather that reorders, repeats or takes part of its input is a real gather and stays.
     import onnx
-    import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
     from edgedyn.backends.onnx_rewrites import identity_gathers
@@ -261,15 +268,11 @@ def test_a_gather_of_every_index_in_order_becomes_a_reshape_and_others_stay() ->
     model = _tiny_model(onnx, nodes, [x], outputs, constants)
     value = np.random.default_rng(0).standard_normal((1, 6, 1, 1)).astype(np.float32)
 
-    def run(proto):
-        session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-        return session.run(None, {"x": value})
-
-    before = run(model)
+    before = _run_onnxruntime(model, value)
     assert identity_gathers(onnx, model) == 1
     onnx.checker.check_model(model)
     assert [n.op_type for n in model.graph.node] == ["Relu", "Reshape", "Reshape", "Gather", "Gather"]
-    after = run(model)
+    after = _run_onnxruntime(model, value)
     assert after[0].shape == (1, 6, 1, 1)
     for got, want in zip(after, before):
         np.testing.assert_array_equal(got, want)
@@ -280,7 +283,6 @@ def test_an_average_pool_whose_window_covers_the_map_becomes_global_and_others_s
     # transformers' EfficientNet: AvgPool2d(320, ceil_mode=True) over a 2x2 map, one clipped window: the map's mean.
     # ncnn would not clip it (edgedyn's checker refused pnnx's Pooling); GlobalAveragePool is the same values.
     import onnx
-    import onnxruntime
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 2, 2])
@@ -293,17 +295,13 @@ def test_an_average_pool_whose_window_covers_the_map_becomes_global_and_others_s
     model = _tiny_model(onnx, nodes, [x], outputs, [])
     value = np.random.default_rng(1).standard_normal((1, 8, 2, 2)).astype(np.float32)
 
-    def run(proto):
-        session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-        return session.run(None, {"x": value})
-
     from edgedyn.backends.onnx_rewrites import whole_map_pools
 
-    before = run(model)
+    before = _run_onnxruntime(model, value)
     assert whole_map_pools(onnx, model) == 1
     onnx.checker.check_model(model)
     assert [n.op_type for n in model.graph.node] == ["GlobalAveragePool", "AveragePool", "AveragePool"]
-    after = run(model)
+    after = _run_onnxruntime(model, value)
     np.testing.assert_allclose(after[0], value.mean(axis=(2, 3), keepdims=True), rtol=1e-6)
     for got, want in zip(after, before):
         np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -177,10 +177,10 @@ def _check_specialization(c: Checker, spec: Any, where: str, names: List[str], m
             c.shape(record["shape"], at + ".shape")
         # A caller builds arrays of these shapes (`edgedyn bench` and `run` draw random inputs by them): a shape no
         # machine of this size could hold is a tampered manifest, refused before anyone allocates by it.
-        size = sum(_tensor_bytes(record) for record in spec[key])
-        if size > machine_memory():
+        size, memory = sum(_tensor_bytes(record) for record in spec[key]), machine_memory()
+        if size > memory:
             raise c.fail("{}.{}".format(where, key), "declares {} bytes of tensors, above this machine's {} bytes "
-                                                     "of memory".format(size, machine_memory()))
+                                                     "of memory".format(size, memory))
     unknown = [name for name in (r["name"] for r in spec["inputs"]) if name not in names]
     if unknown:
         raise c.fail(where + ".inputs", "names arguments the signature lacks: {}".format(bounded(unknown)))
