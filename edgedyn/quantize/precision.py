@@ -62,21 +62,17 @@ class FloatGate:
     batches: List[List[np.ndarray]]
     source: str
     _want: Optional[List[List[np.ndarray]]] = field(default=None, repr=False)
-    _example_want: Optional[List[np.ndarray]] = field(default=None, repr=False)
 
     def _reference(self) -> List[List[np.ndarray]]:
         if self._want is None:
-            self._want = self._eager(self.batches)
+            import torch
+
+            module = self.spec.program.module()
+            with torch.no_grad():
+                self._want = [[np.asarray(o.detach().numpy()) for o in _flat(module(*[torch.from_numpy(a)
+                                                                                       for a in batch]))]
+                              for batch in self.batches]
         return self._want
-
-    def _eager(self, batches: List[List[np.ndarray]]) -> List[List[np.ndarray]]:
-        """torch eager's outputs (fp32) on each batch: what every candidate is compared with."""
-        import torch
-
-        module = self.spec.program.module()
-        with torch.no_grad():
-            return [[np.asarray(o.detach().numpy()) for o in _flat(module(*[torch.from_numpy(a) for a in batch]))]
-                    for batch in batches]
 
     def measure(self, run: Callable[[List[np.ndarray]], List[Any]]) -> List[Dict[str, Any]]:
         """Per output: max abs error, cosine, top-1 agreement of `run` against torch eager on the batches; the
@@ -108,15 +104,14 @@ class FloatGate:
         run) held to the cosine verify holds a reduced-precision artifact to (runtime/program.reduced_gate): the
         gate's mean over its inputs can pass while the example alone misses, and the export would then refuse
         the bundle it wrote as a bug (timm's EfficientViT-B0, OpenVINO bf16 with its first 35% of layers fp32:
-        the example's relative error 5.6% after the gate passed)."""
+        the example's relative error 5.6% after the gate passed). Against the bundle's own reference outputs
+        (torch eager's on the example inputs, computed at capture), which are what verify compares with."""
         from edgedyn.runtime.program import DEFAULT_MIN_COSINE
 
         bound = self.gate.min_cosine if self.gate.min_cosine is not None else DEFAULT_MIN_COSINE
-        examples = [np.asarray(t.numpy(), order="C") for t in self.spec.example_tensors]
-        if self._example_want is None:
-            self._example_want = self._eager([examples])[0]
-        got = run(examples) if example_outputs is None else example_outputs
-        return example_misses(self.spec.output_names, got, self._example_want, bound)
+        if example_outputs is None:
+            example_outputs = run([np.asarray(t.numpy(), order="C") for t in self.spec.example_tensors])
+        return example_misses(self.spec.output_names, example_outputs, self.spec.reference_outputs, bound)
 
 
 def example_misses(names: List[str], got: List[Any], want: List[np.ndarray], bound: float) -> List[str]:
