@@ -5,7 +5,7 @@ held-out split (quantize/plan.py). edgedyn/selection.py times the ones that pass
 """
 import contextlib
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, FrozenSet, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 import numpy as np
 
@@ -112,6 +112,26 @@ def candidate_list(backend: str, board: Board, quantization: Optional[Any], prec
                                   and is_native(option, board.arch, features)):
                 listed.append(Candidate(name, option))
     return listed
+
+
+def held_back(listed: List[Candidate], backend: str, target: Target) -> Tuple[List[Candidate], List[Candidate],
+                                                                          Dict[str, str]]:
+    """(the candidates `auto` builds first, those it builds only when none of the first verifies, why each of these
+    waits): a backend whose record says it is slow untuned (Backend.held_back_untuned) waits until the target has
+    tuning records (`edgedyn tune`). A backend the user named is always built."""
+    from edgedyn.backends.tuning_records import database_dir, record_count
+
+    first, later, why = [], [], {}  # type: List[Candidate], List[Candidate], Dict[str, str]
+    for candidate in listed:
+        reason = BACKENDS[candidate.backend].held_back_untuned
+        if backend != AUTO or not reason or record_count(database_dir(target.name)):
+            first.append(candidate)
+            continue
+        later.append(candidate)
+        why[candidate.label] = "built only if no other candidate verifies: {}; it has no tuning records for {} " \
+                               "(edgedyn tune writes them; --backend {} builds it anyway)".format(
+                                   reason, target.name, candidate.backend)
+    return first, later, why
 
 
 def int8_floats(backend: str, board: Board, precision: str, features: FrozenSet[str]) -> str:

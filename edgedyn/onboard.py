@@ -185,11 +185,13 @@ _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
 
 def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Callable[[str], None],
-             listed: Sequence[Any], quantization: Optional[Any], accuracy: Optional[Any], probe: Probe) -> Artifact:
+             listed: Sequence[Any], quantization: Optional[Any], accuracy: Optional[Any], probe: Probe,
+             later: Sequence[Any] = ()) -> Artifact:
     """The candidate with the fewest guest instructions per call on the emulated board among those whose outputs
-    there pass their check, with `meta["selection"]` saying what was measured and how ("emulated")."""
+    there pass their check, with `meta["selection"]` saying what was measured and how ("emulated"); `later`
+    (candidates.held_back) only when none of `listed` passes."""
 
-    measurement = Measurement(board, listed, probe, step)
+    measurement = Measurement(board, list(listed) + list(later), probe, step)
     rounds = _Rounds(build, board, spec, step, quantization, accuracy, measurement)
     counts, chosen_artifacts, rejected, missed = rounds.counts, rounds.artifacts, rounds.rejected, rounds.missed
     try:
@@ -197,9 +199,11 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
         # single-threaded qemu process, its count exact whatever runs beside it); judged in the listed order. A
         # reduced precision that mixes comes back for another round with some of its first layers in fp32
         # (candidates.more_fp32) after it met or missed its gate.
-        pending = list(listed)
+        pending, later = (list(listed), list(later)) if listed else (list(later), [])
         while pending:
             pending = rounds.run(pending)
+            if not pending and not counts and later:
+                pending, later = later, []
     finally:
         measurement.close()
     if not counts:

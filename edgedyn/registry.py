@@ -56,6 +56,9 @@ class Backend:
     # Its executor runs every bucket of a group in one arena per thread, sized for the largest (runtime/buckets.py
     # ArenaPool): the board-fit check counts that arena once per group.
     shares_arena: bool = False
+    # Why `auto` holds its CPU candidate back until the target has tuning records (`edgedyn tune`) or no other
+    # candidate verifies (candidates.held_back); empty: always a candidate.
+    held_back_untuned: str = ""
 
     def __post_init__(self) -> None:
         if ":" not in self.lower:
@@ -128,7 +131,13 @@ BACKENDS = {
         overhead_import="import edgedyn.runtime.executors.tvm as t; t._import_tvm()", general=True,
         no_int8_reason="TVM's frontends compute in float between quantize and dequantize ops, so int8 gives no "
                        "integer kernels there",
-        summary="Apache TVM 0.27: a shared library for the board's CPU (cross-linked for aarch64), CUDA for Jetsons"),
+        summary="Apache TVM 0.27: a shared library for the board's CPU (cross-linked for aarch64), CUDA for Jetsons",
+        # Measured: in the 254 exports of benchmarks/results whose candidates were timed, untuned TVM took 3.9x to
+        # 1675x the fastest other candidate's time (median 23x); in the 20 counted on an emulated board, 9x to 38x
+        # its instructions, and 43-65% of all the instructions the export counted. Holding it back took the auto
+        # export of ResNet-18 for this x86 host from 41 to 33 s, DistilBERT's from 100 to 58 s (2026-12-06, Zen 4).
+        held_back_untuned="untuned TVM was slower than the fastest other candidate in every export measured "
+                          "(3.9x-1675x, median 23x: benchmarks/README.md)"),
 }
 AUTO = "auto"
 

@@ -2,7 +2,8 @@
 record of why.
 
 `--backend NAME` builds with that backend. `--backend auto` (the default) considers candidates (candidates.py), one
-per (backend, precision): fp32 on every registered backend, each reduced float precision (bf16, fp16:
+per (backend, precision): fp32 on every registered backend (untuned TVM only when nothing else verifies:
+candidates.held_back), each reduced float precision (bf16, fp16:
 edgedyn/runtime/precision.py) that a backend computes natively on the CPU that measures it and that `--precision`
 admits, and, under --quantize, the int8 build of every backend with int8 kernels. Then:
 - on the host's own board (same CPU architecture), one loop ("measured"): every candidate is built and checked
@@ -30,8 +31,8 @@ from edgedyn.backends.artifact import Artifact, open_executor
 from edgedyn.boards import Board, Target
 from edgedyn.errors import EdgedynError
 from edgedyn.candidates import (INT8, Candidate, TuningRejectedWarning, builder, candidate_list, candidates, checked,
-                                example_arrays, gate_missed, gated, measuring_features, missed_gate, more_fp32,
-                                no_candidate, nothing_built, untuned_if_wrong)
+                                example_arrays, gate_missed, gated, held_back, measuring_features, missed_gate,
+                                more_fp32, no_candidate, nothing_built, untuned_if_wrong)
 from edgedyn.frontend import Specialization
 from edgedyn.runtime.format import host_arch
 from edgedyn.runtime.precision import FP32, REDUCED, is_native, missing_words
@@ -79,15 +80,21 @@ def choose(backend: str, program: Any, board: Board, target: Target, spec: Speci
         if only.fp32_share:
             selection["candidate"] = only.label
         return _with_selection(artifact, selection)
-    if here:
-        chosen = _measured(build, board, spec, step, timing, listed, quantization, accuracy)
-        if backend != AUTO:
-            chosen.meta["selection"] = dict(chosen.meta["selection"], requested=backend)
-        return chosen
-    if on_board:
-        from edgedyn.onboard import on_board as measured_on_board
+    if here or on_board:
+        first, later, waited = held_back(listed, backend, target)
+        for label, why in waited.items():
+            step("{}: held back ({})".format(label, why))
+        if here:
+            chosen = _measured(build, board, spec, step, timing, first, quantization, accuracy, later)
+        else:
+            from edgedyn.onboard import on_board as measured_on_board
 
-        return measured_on_board(build, board, spec, step, listed, quantization, accuracy, probe)
+            chosen = measured_on_board(build, board, spec, step, first, quantization, accuracy, probe, later)
+        if here and backend != AUTO:
+            chosen.meta["selection"] = dict(chosen.meta["selection"], requested=backend)
+        if waited and chosen.meta["selection"]["candidate"] not in waited:  # the waiting ones were not built
+            chosen.meta["selection"] = dict(chosen.meta["selection"], held_back=waited)
+        return chosen
     chosen = _by_preference(build, board, target, spec, step, listed, quantization, accuracy)
     if backend == AUTO and board.qemu_cpu is not None:
         chosen.meta["selection"]["not_measured"] = "the emulated {} could not measure the candidates here ({}); " \
@@ -137,16 +144,19 @@ def _emulation_missing(board: Board) -> Optional[str]:
 
 def _measured(build: Callable[[Candidate], Artifact], board: Board, spec: Specialization, step: Progress,
               timing: Timing, listed: List[Candidate], quantization: Optional[Any],
-              accuracy: Optional[Any]) -> Artifact:
+              accuracy: Optional[Any], later: List[Candidate]) -> Artifact:
     """The one loop over candidates described in the module docstring: build, check, time in turns, time the
-    fastest few on fewer threads, keep the fastest."""
+    fastest few on fewer threads, keep the fastest; `later` (candidates.held_back) only if none of `listed`
+    verifies."""
     verified = {}  # type: Dict[str, Tuple[Candidate, Artifact]]
     rejected = {}  # type: Dict[str, str]
     missed = []  # type: List[str]  # candidates that ran but missed an accuracy gate
     with contextlib.ExitStack() as stack:  # each verified executor stays open to be timed
         executors = {}  # type: Dict[str, Any]
         queue = list(listed)
-        while queue:
+        while queue or (later and not verified):
+            if not queue:
+                queue, later = list(later), []
             candidate = queue.pop(0)
             label = candidate.label
             step("building {} with {}".format(spec.name, candidate.words))

@@ -536,6 +536,45 @@ def test_edgedyn_debug_lets_a_backend_bug_through(monkeypatch, loop_spec):
         choose("auto", program, board, board.target("cpu"), spec)
 
 
+def test_auto_holds_back_a_backend_slow_untuned_until_it_has_tuning_records(monkeypatch, loop_spec, tmp_path):
+    """A backend whose record says it is slow untuned (TVM's) is built by auto only when the target has tuning
+    records, or when nothing else verifies; the record says why it was not built. Here it is the fast one, so each
+    case shows in what auto keeps."""
+    from edgedyn.backends.tuning_records import ENV, RECORDS, database_dir
+
+    spec, program = loop_spec
+    board = load_board("x86-64")
+    target = board.target("cpu")
+    for other in list(BACKENDS):
+        monkeypatch.delitem(BACKENDS, other)
+    _register(monkeypatch, "a_slow", "cannot_express")
+    monkeypatch.setitem(BACKENDS, "b_fast", dataclasses.replace(_stand_in("b_fast", "b_fast"),
+                                                                held_back_untuned="slow untuned (measured)"))
+    monkeypatch.setenv(ENV, str(tmp_path))
+    timing = Timing(warmup=1, min_runs=3, max_runs=6, seconds=0.01, rounds=1, clock=CLOCK)
+    monkeypatch.setattr(CLOCK, "calls", {})
+    lines: List[str] = []
+    selection = choose("auto", program, board, target, spec, lines.append, timing=timing).meta["selection"]
+    assert selection["candidate"] == "a_slow" and set(selection["medians_ms"]) == {"a_slow"}
+    assert "b_fast" not in CLOCK.calls  # never built, never run
+    assert selection["held_back"] == {"b_fast": "built only if no other candidate verifies: slow untuned (measured); "
+                                                "it has no tuning records for {} (edgedyn tune writes them; "
+                                                "--backend b_fast builds it anyway)".format(target.name)}
+    assert "b_fast: held back (built only if no other candidate verifies: slow untuned" in "\n".join(lines)
+    # Nothing else verifies: it is built after all, and kept.
+    monkeypatch.delitem(BACKENDS, "a_slow")
+    selection = choose("auto", program, board, target, spec, timing=timing).meta["selection"]
+    assert selection["candidate"] == "b_fast" and "held_back" not in selection
+    assert set(selection["rejected"]) == {"cannot_express"}
+    # With tuning records for the target it is a candidate like any other, and wins.
+    _register(monkeypatch, "a_slow")
+    database_dir(target.name).mkdir(parents=True)
+    (database_dir(target.name) / RECORDS).write_text('["a record"]\n')
+    selection = choose("auto", program, board, target, spec, timing=timing).meta["selection"]
+    assert selection["candidate"] == "b_fast" and set(selection["medians_ms"]) == {"a_slow", "b_fast"}
+    assert "held_back" not in selection
+
+
 def test_auto_skips_a_backend_that_is_not_installed(monkeypatch, loop_spec):
     spec, program = loop_spec
     board = load_board("x86-64")
@@ -625,8 +664,10 @@ def test_cross_board_bundle_records_the_preference_when_the_board_cannot_be_emul
         "installed)); the board file's preference decided")
 
 
-def test_auto_measures_every_backend_on_mobilenet_v2_and_keeps_the_fastest(tmp_path, capsys):
-    require_module("tvm")
+def test_auto_measures_every_backend_on_mobilenet_v2_and_keeps_the_fastest(tmp_path, capsys, monkeypatch):
+    from edgedyn.backends.tuning_records import ENV
+
+    monkeypatch.setenv(ENV, str(tmp_path / "no-records"))  # whatever this machine has tuned
     lines: List[str] = []
     path = edgedyn.export(str(EXAMPLES / "mobilenet_v2.py:MobileNetV2"), inputs=["x=1x3x96x96"], board="x86-64",
                           output=tmp_path / "mnv2.edgedyn", progress=lines.append)
@@ -636,7 +677,9 @@ def test_auto_measures_every_backend_on_mobilenet_v2_and_keeps_the_fastest(tmp_p
     selection = artifact["selection"]
     medians = selection["medians_ms"]
     assert selection["mode"] == "measured" and selection["host"] == "x86_64"
-    assert {"onnxruntime", "tvm"} <= set(medians), selection
+    assert "onnxruntime" in medians and "tvm" not in medians, selection  # untuned TVM waits (its record says why)
+    assert selection["held_back"]["tvm"].startswith("built only if no other candidate verifies: untuned TVM was "
+                                                    "slower"), selection
     # Which backend is fastest is measured (benchmarks/compare.py), not asserted: a busy machine may reorder them.
     # Times are per candidate (backend, or backend:precision for bf16/fp16); the contenders were timed again on
     # each thread count in one set of turns, and those times decide; `chosen` is the candidate's backend.
@@ -801,6 +844,8 @@ def test_inspect_shows_the_times_auto_weighed_not_its_first_turns():
                      "ncnn": {"every_core_ms": 14.1, "kept": "one thread", "threads_ms": {"1": 12.8}}}}
     assert _selection(selection) == ("openvino:bf16 (timed here in turns: openvino:bf16 8.62 ms, ncnn 12.8 ms on one "
                                      "thread, tvm 1.44e+03 ms)")
+    held = dict(selection, held_back={"tvm": "built only if no other candidate verifies: ..."})
+    assert _selection(held) == _selection(selection)[:-1] + "; held back: tvm)"
 
 
 def _off_on(example, batch, outputs, rng, amount):

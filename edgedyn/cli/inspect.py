@@ -173,6 +173,8 @@ def _selection(selection: Dict[str, Any]) -> str:
     mode = selection.get("mode")
     chosen = selection.get("candidate") or selection.get("chosen")
     rejected = "; rejected: " + ", ".join(sorted(selection["rejected"])) if selection.get("rejected") else ""
+    if selection.get("held_back"):  # candidates.held_back: not built, and why is in inspect --json
+        rejected += "; held back: " + ", ".join(sorted(selection["held_back"]))
     if mode == "measured":
         times = ", ".join("{} {:.3g} ms{}".format(label, ms, on) for label, (ms, on) in sorted(
             decided_times(selection).items(), key=lambda item: item[1][0]))
