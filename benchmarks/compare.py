@@ -220,7 +220,10 @@ def wait_until_idle(pid: int) -> None:
         return (int(fields[11]) + int(fields[12])) / float(tick)  # utime + stime
 
     try:
-        settle(cpu_s, max(IDLE_WINDOW_S, 2.0 / tick))  # the counters move in clock ticks
+        # The counters move in whole clock ticks: over 4 of them a worker that got a quarter of a core or more
+        # crossed one, so it reads busy. Over 2 (as before), a spinning worker on a loaded machine (half a core)
+        # could read idle: tests/test_bench.py's spinner was let go after 0.02 s during a CI run beside other work.
+        settle(cpu_s, max(IDLE_WINDOW_S, 4.0 / tick))
     except (OSError, ValueError, IndexError):
         time.sleep(0.1)
 
