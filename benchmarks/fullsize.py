@@ -133,4 +133,8 @@ MODELS = {
     "timm-regnety_004": _timm("regnety_004"),
     "timm-fastvit_t8": _timm("fastvit_t8"),
     "timm-ghostnet_100": _timm("ghostnet_100"),
+    # Structural reparameterization's training-time form, as timm builds them (each layer's parallel branches:
+    # kxk and 1x1 convolutions and a batch-normed identity), which edgedyn merges (passes/branches.py).
+    "timm-mobileone_s1": _timm("mobileone_s1"),
+    "timm-repvgg_a1": _timm("repvgg_a1"),
 }  # type: Dict[str, Callable[[], Built]]

@@ -48,7 +48,8 @@ def test_bundle_holds_one_portable_onnx_file_with_its_weights(export_onnx):
     assert artifact["arch"] is None and artifact["target"] == "onnx-opset20"
     assert artifact["opset"] == 20 and artifact["ir_version"] == 9
     assert artifact["requires"] == {"python": ["onnxruntime>=1.17"]}
-    assert artifact["pipeline"] == {"name": "onnxruntime", "passes": ["remove_dead_code"]}
+    assert artifact["pipeline"] == {"name": "onnxruntime",
+                                    "passes": ["merge_parallel_convolutions", "remove_dead_code"]}
     assert artifact["onnxruntime"] == {"version": __import__("onnxruntime").__version__, "graph_optimization": "basic",
                                        "session": {"graph_optimization": "all", "intra_op_threads": 0,
                                                    "allow_spinning": True, "execution_mode": "sequential"}}

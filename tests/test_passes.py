@@ -239,8 +239,8 @@ def test_default_pipeline_shrinks_and_keeps_outputs():
     assert op_count(optimized.graph_module) < op_count(spec.program.graph_module)
     _assert_same(model, optimized.module(), (1, 3, 16, 16))
     assert [p.__name__ for p in PIPELINES["default"]] == [
-        "decompose_to_core_aten", "fold_batchnorm", "fold_constants", "index_to_views", "index_put_to_where",
-        "remove_dead_code"]
+        "decompose_to_core_aten", "fold_batchnorm", "merge_parallel_convolutions", "fold_constants", "index_to_views",
+        "index_put_to_where", "remove_dead_code"]
 
 
 def test_passes_do_not_touch_the_users_model():
@@ -256,3 +256,108 @@ def test_unknown_pipeline_lists_choices():
     (spec,) = edgedyn.capture(ConvBN().eval(), (torch.randn(1, 3, 8, 8),)).specializations
     with pytest.raises(EdgedynError, match="unknown pass pipeline 'fast'; choose from: default, none"):
         run_pipeline(spec.program, "fast")
+
+
+class _Branches(nn.Module):
+    """A MobileOne-style block (timm's training-time form): two kxk convolutions, a 1x1 and a batch-normed identity
+    of one input, each with its batch norm, summed in place; then a RepMixer-style `x + scale * (mixer(x) - norm(x))`
+    on its output. Every batch norm has spread statistics, so a wrong merge shows in the outputs."""
+
+    def __init__(self, channels=8, groups=1, kernel=3):
+        super().__init__()
+        conv = lambda k: nn.Sequential(nn.Conv2d(channels, channels, k, padding=k // 2, groups=groups, bias=False),
+                                       nn.BatchNorm2d(channels))
+        self.kxk = nn.ModuleList([conv(kernel), conv(kernel)])
+        self.scale = conv(1)
+        self.identity = nn.BatchNorm2d(channels)
+        self.mixer = conv(3)
+        self.norm = nn.BatchNorm2d(channels)
+        self.layer_scale = nn.Parameter(torch.rand(channels, 1, 1) + 0.5)
+        for bn in [m for m in self.modules() if isinstance(m, nn.BatchNorm2d)]:
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.data.uniform_(0.5, 2.0)
+            bn.bias.data.uniform_(-1, 1)
+
+    def forward(self, x):
+        out = self.scale(x) + self.identity(x)
+        for branch in self.kxk:
+            out += branch(x)
+        y = torch.relu(out)
+        return y + self.layer_scale * (self.mixer(y) - self.norm(y))
+
+
+def _convolutions(gm):
+    return sum(count for name, count in op_histogram(gm).items() if "conv" in name)
+
+
+@pytest.mark.parametrize("pipeline", ["default", "onnxruntime"])
+@pytest.mark.parametrize("groups, kernel", [(1, 3), (8, 3), (8, 5)])
+def test_merge_parallel_convolutions_writes_each_sum_of_branches_as_one_convolution(pipeline, groups, kernel):
+    model = _Branches(groups=groups, kernel=kernel).eval()
+    (spec,) = edgedyn.capture(model, (torch.randn(1, 8, 12, 12),)).specializations
+    before = run_pipeline(spec.program, "none").module()
+    assert _convolutions(before) == 4  # two kxk branches, the 1x1 and the mixer
+    optimized = run_pipeline(spec.program, pipeline).module()
+    assert _convolutions(optimized) == 2, op_histogram(optimized)  # one per sum
+    assert not any("batch_norm" in name for name in op_histogram(optimized)), op_histogram(optimized)
+    for _ in range(3):  # the fp32 tolerance: a merged kernel sums the branches in another order than torch
+        x = torch.randn(1, 8, 12, 12)
+        with torch.no_grad():
+            want = model(x)
+            (got,) = optimized(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+class _NotMergeable(nn.Module):
+    """Sums the pass must leave alone: a branch also read elsewhere, a strided convolution beside the identity, two
+    different inputs, and an even kernel (no centre to align on)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(4, 4, 3, padding=1)
+        self.b = nn.Conv2d(4, 4, 1)
+        self.strided = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.other = nn.Conv2d(4, 4, 3, padding=1)
+        self.even = nn.Conv2d(4, 4, 2, padding=1)
+        self.odd = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        shared = self.a(x)
+        first = shared + self.b(x)  # `shared` is also returned
+        second = self.strided(x) + x[:, :, ::2, ::2]
+        third = self.other(x) + self.b(torch.relu(x))
+        fourth = self.even(x)[:, :, :-1, :-1] + self.odd(x)
+        return first, shared, second, third, fourth
+
+
+@pytest.mark.parametrize("pipeline", ["default", "onnxruntime"])
+def test_merge_parallel_convolutions_leaves_sums_it_cannot_merge(pipeline):
+    model = _NotMergeable().eval()
+    (spec,) = edgedyn.capture(model, (torch.randn(1, 4, 8, 8),)).specializations
+    optimized = run_pipeline(spec.program, pipeline).module()
+    assert _convolutions(optimized) == 7, op_histogram(optimized)
+    for _ in range(3):
+        x = torch.randn(1, 4, 8, 8)
+        with torch.no_grad():
+            for got, want in zip(optimized(x), model(x)):
+                torch.testing.assert_close(got, want, rtol=RTOL, atol=1e-6)
+
+
+def test_merged_branches_export_and_match_torch_on_fresh_inputs(tmp_path):
+    import numpy as np
+
+    import edgedyn.runtime as rt
+    from conftest import require_module
+
+    require_module("onnxruntime")
+    model = _Branches(groups=8).eval()
+    path = edgedyn.export(model, (torch.randn(1, 8, 16, 16),), board="x86-64", backend="onnxruntime",
+                          output=tmp_path / "branches.edgedyn")
+    program = rt.load(path)
+    assert all(result["ok"] for result in program.verify())
+    for _ in range(3):
+        x = torch.randn(1, 8, 16, 16)
+        with torch.no_grad():
+            want = model(x).numpy()
+        np.testing.assert_allclose(np.asarray(program(x.numpy())), want, rtol=1e-4, atol=1e-5)
