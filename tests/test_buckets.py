@@ -406,6 +406,27 @@ def test_mutated_bucket_bundles_are_refused_cleanly(tokens_bundle):
     assert not bad, [(r["family"], r["mutation"], r["outcome"], r.get("type")) for r in bad[:10]]
 
 
+
+@pytest.mark.parametrize("shape", [[], [1]])
+def test_a_bucket_whose_output_rank_differs_from_the_groups_is_refused(tokens_bundle, tmp_path, shape):
+    """The fuzz run above found it (seed 29, once the manifest's paths changed): a bucket other than the group's
+    last with a scalar (or lower-rank) output passed the schema, and slicing that output raised IndexError at the
+    first padded call. Every bucket's outputs are cut by the same rules, so they must agree in rank."""
+    import zipfile
+
+    with zipfile.ZipFile(tokens_bundle) as source:
+        manifest = json.loads(source.read("manifest.json"))
+        manifest["specializations"][1]["outputs"][1]["shape"] = shape
+        mutated = tmp_path / "mutated.edgedyn"
+        with zipfile.ZipFile(mutated, "w") as target:
+            for info in source.infolist():
+                data = json.dumps(manifest).encode() if info.filename == "manifest.json" else source.read(info)
+                target.writestr(info, data)
+    with pytest.raises(rt.EdgedynError) as raised:
+        rt.load(mutated).verify()
+    assert "buckets[0].padding" in raised.value.message and "outputs of ranks" in raised.value.message
+
+
 # --- the command line ---
 
 def test_cli_export_inspect_and_bench_buckets(run_cli, tmp_path):

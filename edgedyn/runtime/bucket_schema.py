@@ -49,9 +49,15 @@ def check_buckets(c: schema.Checker, manifest: Dict[str, Any]) -> None:
                     raise c.fail(at, "specialization {} does not take input '{}' with dim {} of size {}".format(
                         index, schema.short(name), axis, size))
         if "padding" in group:
-            outputs = len(specs[indices[0]]["outputs"])
+            # Each bucket's outputs are cut by the same rules (buckets.slicer), so they must agree in number and rank
             ranks = [len(record["shape"]) for record in specs[indices[-1]]["outputs"]]
-            _check_padding(c, group["padding"], where + ".padding", inputs, sizes, outputs, ranks, manifest["members"])
+            for index in indices:
+                if [len(record["shape"]) for record in specs[index]["outputs"]] != ranks:
+                    raise c.fail(where + ".padding", "specialization {} has outputs of ranks {}, the group's last "
+                                 "{}".format(index, schema.bounded([len(r["shape"]) for r in specs[index]["outputs"]]),
+                                             schema.bounded(ranks)))
+            _check_padding(c, group["padding"], where + ".padding", inputs, sizes, len(ranks), ranks,
+                           manifest["members"])
 
 
 def _check_padding(c: schema.Checker, padding: Any, where: str, inputs: Dict[str, int], sizes: List[int],
@@ -76,7 +82,9 @@ def _check_padding(c: schema.Checker, padding: Any, where: str, inputs: Dict[str
         for number, rule in enumerate(axes):
             rule_at = "{}.axes[{}]".format(at, number)
             c.obj(rule, rule_at, ("axis", "scale", "offset", "divisor"))
-            c.integer(rule["axis"], rule_at + ".axis", 0, max(ranks[index] - 1, 0) if index < len(ranks) else 0)
+            if not ranks[index]:
+                raise c.fail(rule_at, "output {} is a scalar: it has no axis to cut".format(index))
+            c.integer(rule["axis"], rule_at + ".axis", 0, ranks[index] - 1)
             c.integer(rule["scale"], rule_at + ".scale", 0, MAX_RULE)
             c.integer(rule["offset"], rule_at + ".offset", -MAX_RULE, MAX_RULE)
             c.integer(rule["divisor"], rule_at + ".divisor", 1, MAX_RULE)
