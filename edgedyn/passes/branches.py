@@ -38,8 +38,10 @@ class _Linear:
     (padding minus half the kernel); `form` is the convolution op to write (None: no convolution in it yet)."""
 
     x: fx.Node
-    weight: torch.Tensor  # float64, (out, in / groups, kh, kw)
-    bias: torch.Tensor  # float64, (out,)
+    # (out, in / groups, kh, kw) and (out,): a convolution's own constants as they are (not copied: every
+    # convolution of the graph is described, most never merge), float64 once combined
+    weight: torch.Tensor
+    bias: torch.Tensor
     stride: Tuple[int, int]
     groups: int
     offset: Tuple[int, int]
@@ -89,7 +91,7 @@ def _erase_unread(graph: fx.Graph, node: fx.Node) -> None:
         current = pending.pop()
         if current.users or current.op not in ("call_function", "get_attr"):
             continue
-        inputs = [arg for arg in current.all_input_nodes]
+        inputs = list(current.all_input_nodes)
         graph.erase_node(current)
         pending.extend(inputs)
 
@@ -109,28 +111,27 @@ def _describe(gm: fx.GraphModule, node: fx.Node, linear: Dict[fx.Node, Optional[
     if node.target is _BATCH_NORMS[1]:
         return _batch_norm(gm, node, linear)
     if node.target in _COMBINE and len(node.args) == 2:
-        parts = [_part(gm, arg, node, linear) for arg in node.args]
+        parts = [_part(arg, node, linear) for arg in node.args]
         if node.target is aten.add_.Tensor and len(node.args[0].users) != 1:
             return None  # the in-place add writes into a tensor someone else reads
         if any(part is None for part in parts):
             return None
         return _sum(parts[0], parts[1], _COMBINE[node.target])
-    if node.target is aten.dropout.default and node.args[2] is False:  # eval mode: the identity
-        return _part(gm, node.args[0], node, linear, identity=False)
+    if node.target is aten.dropout.default and len(node.args) == 3 and node.args[2] is False:  # eval: identity
+        return _part(node.args[0], node, linear, identity=False)
     if node.target in _SCALE and len(node.args) == 2:
         branch, scale = (node.args[0], node.args[1]) if isinstance(node.args[0], fx.Node) and \
             linear.get(node.args[0]) is not None else (node.args[1], node.args[0])
-        part = _part(gm, branch, node, linear, identity=False)
+        part = _part(branch, node, linear, identity=False)
         factor = _channel_scale(gm, scale, part.weight.shape[0]) if part is not None else None
         if part is None or factor is None or part.form is None:
             return None
-        return _Linear(part.x, part.weight * factor.reshape(-1, 1, 1, 1), part.bias * factor, part.stride,
-                       part.groups, part.offset, part.form, part.dtype, part.convolutions, part.terms)
+        return _Linear(part.x, part.weight.double() * factor.reshape(-1, 1, 1, 1), part.bias.double() * factor,
+                       part.stride, part.groups, part.offset, part.form, part.dtype, part.convolutions, part.terms)
     return None
 
 
-def _part(gm: fx.GraphModule, arg: Any, user: fx.Node, linear: Dict[fx.Node, Optional[_Linear]],
-          identity: bool = True) -> Optional[Any]:
+def _part(arg: Any, user: fx.Node, linear: Dict[fx.Node, Optional[_Linear]], identity: bool = True) -> Optional[Any]:
     """`arg` as a term of `user`'s sum: its branch when only `user` reads it, else `arg` itself as the input of the
     branches (resolved by _sum), else None."""
     if not isinstance(arg, fx.Node):
@@ -156,9 +157,9 @@ def _sum(a: Any, b: Any, sign: float) -> Optional[_Linear]:
     if wa is None or wb is None or wa.shape[:2] != wb.shape[:2]:
         return None
     size = [max(wa.shape[axis], wb.shape[axis]) for axis in (2, 3)]
-    weight = _centred(wa, size) + sign * _centred(wb, size)
-    return _Linear(x, weight, a.bias + sign * b.bias, a.stride, groups, a.offset, a.form or b.form, a.dtype,
-                   a.convolutions + b.convolutions, a.terms + b.terms)
+    weight = _centred(wa.double(), size) + sign * _centred(wb.double(), size)
+    return _Linear(x, weight, a.bias.double() + sign * b.bias.double(), a.stride, groups, a.offset, a.form or b.form,
+                   a.dtype, a.convolutions + b.convolutions, a.terms + b.terms)
 
 
 def _identity(x: fx.Node, node: fx.Node) -> Optional[_Linear]:
@@ -210,8 +211,8 @@ def _convolution(gm: fx.GraphModule, node: fx.Node) -> Optional[_Linear]:
     if any(size % 2 == 0 for size in kernel.shape[2:]):
         return None  # an even kernel has no centre to align others on
     offset = tuple(padding[axis] - (kernel.shape[2 + axis] - 1) // 2 for axis in range(2))
-    biases = torch.zeros(kernel.shape[0], dtype=torch.float64) if bias is None else _constant(gm, bias).double()
-    return _Linear(x, kernel.double(), biases, stride, int(groups), offset, node.target, kernel.dtype, 1)
+    biases = torch.zeros(kernel.shape[0], dtype=kernel.dtype) if bias is None else _constant(gm, bias)
+    return _Linear(x, kernel, biases, stride, int(groups), offset, node.target, kernel.dtype, 1)
 
 
 def _pair(value: Any) -> Optional[Tuple[int, int]]:
@@ -248,8 +249,9 @@ def _batch_norm(gm: fx.GraphModule, norm: fx.Node, linear: Dict[fx.Node, Optiona
     if statistics[0] is not None:
         scale = scale * statistics[0].double()
     shift = -statistics[2].double() * scale + (statistics[1].double() if statistics[1] is not None else 0.0)
-    return _Linear(branch.x, branch.weight * scale.reshape(-1, 1, 1, 1), branch.bias * scale + shift, branch.stride,
-                   branch.groups, branch.offset, branch.form, branch.dtype, branch.convolutions, branch.terms)
+    return _Linear(branch.x, branch.weight.double() * scale.reshape(-1, 1, 1, 1), branch.bias.double() * scale + shift,
+                   branch.stride, branch.groups, branch.offset, branch.form, branch.dtype, branch.convolutions,
+                   branch.terms)
 
 
 def _channel_scale(gm: fx.GraphModule, scale: Any, channels: int) -> Optional[torch.Tensor]:

@@ -52,10 +52,10 @@ def check_buckets(c: schema.Checker, manifest: Dict[str, Any]) -> None:
             # Each bucket's outputs are cut by the same rules (buckets.slicer), so they must agree in number and rank
             ranks = [len(record["shape"]) for record in specs[indices[-1]]["outputs"]]
             for index in indices:
-                if [len(record["shape"]) for record in specs[index]["outputs"]] != ranks:
+                mine = [len(record["shape"]) for record in specs[index]["outputs"]]
+                if mine != ranks:
                     raise c.fail(where + ".padding", "specialization {} has outputs of ranks {}, the group's last "
-                                 "{}".format(index, schema.bounded([len(r["shape"]) for r in specs[index]["outputs"]]),
-                                             schema.bounded(ranks)))
+                                 "{}".format(index, schema.bounded(mine), schema.bounded(ranks)))
             _check_padding(c, group["padding"], where + ".padding", inputs, sizes, len(ranks), ranks,
                            manifest["members"])
 
