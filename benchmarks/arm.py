@@ -17,10 +17,9 @@ fp32 arithmetic, which tells ncnn's fp16 arithmetic from its fp16 storage). Each
 `-cpu`, the guest seeing that CPU in /proc/cpuinfo. Counts are deterministic and do not depend on this host's load;
 they ignore memory stalls and per-instruction cost (docs/emulate.md). JSON goes to benchmarks/results/arm-*.json.
 LiteRT as a peer would need a TensorFlow-free torch converter (litert-torch pulls jax and transformers: 2 GB);
-edgedyn's own TFLite artifacts run LiteRT's XNNPACK and are in edgedyn's rows. ExecuTorch is not a peer here: its
-aarch64 wheel's Python runtime links libtorch, and the aarch64 torch on PyPI (2.14.1) is a CUDA build whose import
-needs NVIDIA's libraries (the CPU-only wheels are on download.pytorch.org, which this machine cannot reach); its
-torch-free libraries (libexecutorch*.so in the same wheel) would need a C++ runner cross-compiled for the board.
+edgedyn's own TFLite artifacts run LiteRT's XNNPACK and are in edgedyn's rows. ExecuTorch (XNNPACK, fp32 and
+fp16) runs as its C++ users run it, from its own aarch64 wheel's libraries (benchmarks/arm_executorch.py: its
+Python runtime needs the aarch64 torch, which the board cannot import).
 """
 import argparse
 import datetime
@@ -35,12 +34,14 @@ from typing import Any, Callable, Dict, List, Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import arm_executorch  # noqa: E402
 import fullsize  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 CALLS = 2  # counted calls after the warm-up call: counts are exact from run to run
 MODELS = ["tv-resnet18", "tv-mobilenet_v2", "tv-mobilenet_v3_large", "timm-mobilenetv4_conv_small", "yolo11n"]
-PEERS = ("onnxruntime-direct", "openvino-default", "openvino-f32", "ncnn-default", "ncnn-fp32")
+PEERS = ("onnxruntime-direct", "openvino-default", "openvino-f32", "ncnn-default", "ncnn-fp32",
+         *arm_executorch.PEERS)
 # The looser gate of the second export when a reduced precision missed the default one (see bench_model).
 LOOSE_GATE = "cosine=0.995"
 
@@ -208,12 +209,18 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
         folder.mkdir(exist_ok=True)
         try:
             say("[{}] {}: converting".format(name, peer))
-            path = convert_peer(peer, model, inputs, folder)
-            say("[{}] {}: counting on the emulated {} (-cpu {})".format(name, peer, board.name, board.qemu_cpu))
-            outputs = workdir / "{}-outputs.npz".format(peer)
-            entry = count_peer(board, peer, path, inputs_path, outputs)
-            with np.load(str(outputs)) as saved:
-                got = [saved["output.{}".format(i)] for i in range(len(saved.files))]
+            if peer in arm_executorch.PEERS:
+                program = arm_executorch.convert(peer, model, inputs, kind, folder)
+                say("[{}] {}: counting on the emulated {} (-cpu {})".format(name, peer, board.name, board.qemu_cpu))
+                entry = arm_executorch.count(peer, board, program, inputs, folder, CALLS)
+                got = entry.pop("outputs")
+            else:
+                path = convert_peer(peer, model, inputs, folder)
+                say("[{}] {}: counting on the emulated {} (-cpu {})".format(name, peer, board.name, board.qemu_cpu))
+                outputs = workdir / "{}-outputs.npz".format(peer)
+                entry = count_peer(board, peer, path, inputs_path, outputs)
+                with np.load(str(outputs)) as saved:
+                    got = [saved["output.{}".format(i)] for i in range(len(saved.files))]
             entry["cosine"] = cosine(got[:1], [reference[0].numpy()])
             record["peers"][peer] = entry
             say("[{}] {}: {:,.0f} instructions per call, cosine {:.6f}".format(name, peer, entry["per_call"],
