@@ -309,6 +309,46 @@ def test_merge_parallel_convolutions_writes_each_sum_of_branches_as_one_convolut
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
 
 
+class _StridedChain(nn.Module):
+    """Two of timm's MobileOne blocks without an identity branch (strided), as timm writes them: the sum starts at
+    the number 0 (`out = scale(x) + 0`, then `out += kxk(x)`), and the second block reads the first's sum directly."""
+
+    def __init__(self, channels=8):
+        super().__init__()
+        block = lambda stride: nn.ModuleList([
+            nn.Sequential(nn.Conv2d(channels, channels, k, stride=stride, padding=k // 2, bias=False),
+                          nn.BatchNorm2d(channels)) for k in (1, 3, 3)])
+        self.blocks = nn.ModuleList([block(2), block(1)])
+        for bn in [m for m in self.modules() if isinstance(m, nn.BatchNorm2d)]:
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.bias.data.uniform_(-1, 1)
+
+    def forward(self, x):
+        for scale, *kxk in self.blocks:
+            identity_out = 0
+            out = scale(x) + identity_out
+            for branch in kxk:
+                out += branch(x)
+            x = out
+        return x
+
+
+@pytest.mark.parametrize("pipeline", ["default", "onnxruntime"])
+def test_merge_parallel_convolutions_takes_a_sum_started_at_zero_and_a_chain_of_sums(pipeline):
+    model = _StridedChain().eval()
+    (spec,) = edgedyn.capture(model, (torch.randn(1, 8, 12, 12),)).specializations
+    assert _convolutions(run_pipeline(spec.program, "none").module()) == 6
+    optimized = run_pipeline(spec.program, pipeline).module()
+    assert _convolutions(optimized) == 2, op_histogram(optimized)  # one per block
+    for _ in range(3):
+        x = torch.randn(1, 8, 12, 12)
+        with torch.no_grad():
+            want = model(x)
+            (got,) = optimized(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
 class _NotMergeable(nn.Module):
     """Sums the pass must leave alone: a branch also read elsewhere, a strided convolution beside the identity, two
     different inputs, and an even kernel (no centre to align on)."""

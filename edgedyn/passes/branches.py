@@ -7,7 +7,8 @@ mode every branch is linear in that input, so their sum is one convolution whose
 each centred in the largest and added. The libraries ship a `reparameterize` call for it, which a user must know
 to make before export; this pass does it for any graph (timm's FastViT-T8 as built: 68 convolutions to 52).
 
-A node is merged when it is an add, a subtract or a per-output-channel scale of branches that are all linear in
+A node is merged when it is an add, a subtract or a per-output-channel scale of branches (a branch plus the number
+0 is the branch: timm's MobileOne starts each sum at 0) that are all linear in
 the same input node `x`: a convolution of `x` with constant weights, a batch norm in inference (of such a
 convolution, or of `x` alone), `x` itself, or such a combination. Every branch must be read only by the node that
 combines it (else its convolution would run anyway), have the same stride and groups, dilation 1, and kernels
@@ -56,6 +57,7 @@ def merge_parallel_convolutions(gm: fx.GraphModule) -> fx.GraphModule:
     linear = {}  # type: Dict[fx.Node, Optional[_Linear]]
     for node in gm.graph.nodes:
         linear[node] = _describe(gm, node, linear)
+    replaced = {}  # type: Dict[fx.Node, fx.Node]  # a sum already merged -> its convolution (the input of the next)
     for node in list(gm.graph.nodes):
         found = linear.get(node)
         if found is None or found.form is None or not (found.terms > 1 or node.target in _SCALE):
@@ -68,15 +70,18 @@ def merge_parallel_convolutions(gm: fx.GraphModule) -> fx.GraphModule:
         kernel = found.weight.shape[2:]
         padding = [found.offset[axis] + (kernel[axis] - 1) // 2 for axis in range(2)]
         stride = list(found.stride)
+        x = found.x
+        while x in replaced:
+            x = replaced[x]
         with gm.graph.inserting_before(node):
             if found.form is aten.convolution.default:
-                merged = gm.graph.call_function(found.form, (found.x, weight, bias, stride, padding, [1, 1], False,
-                                                             [0, 0], found.groups))
-            else:
-                merged = gm.graph.call_function(found.form, (found.x, weight, bias, stride, padding, [1, 1],
+                merged = gm.graph.call_function(found.form, (x, weight, bias, stride, padding, [1, 1], False, [0, 0],
                                                              found.groups))
+            else:
+                merged = gm.graph.call_function(found.form, (x, weight, bias, stride, padding, [1, 1], found.groups))
         merged.meta = dict(node.meta)
         node.replace_all_uses_with(merged)
+        replaced[node] = merged
         _erase_unread(gm.graph, node)
     gm.recompile()
     return gm
@@ -110,6 +115,8 @@ def _describe(gm: fx.GraphModule, node: fx.Node, linear: Dict[fx.Node, Optional[
         return _batch_norm(gm, node.args[0], linear)
     if node.target is _BATCH_NORMS[1]:
         return _batch_norm(gm, node, linear)
+    if node.target in _COMBINE and len(node.args) == 2 and _zero(node.args[1]):
+        return _part(node.args[0], node, linear, identity=False)  # `branch + 0`: timm's MobileOne starts sums at 0
     if node.target in _COMBINE and len(node.args) == 2:
         parts = [_part(arg, node, linear) for arg in node.args]
         if node.target is aten.add_.Tensor and len(node.args[0].users) != 1:
@@ -274,6 +281,11 @@ def _constant(gm: fx.GraphModule, node: Any) -> Optional[torch.Tensor]:
         value = attribute(gm, node.target)
         return value.detach() if isinstance(value, torch.Tensor) else None
     return None
+
+
+def _zero(value: Any) -> bool:
+    """The number 0 (a Python int or float: `x + 0` and `x - 0` are `x`)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
 def _float4d(node: Any) -> bool:
