@@ -42,7 +42,7 @@ def runner(suite: str) -> Path:
 
 
 def _build(target: Path, suite: str) -> None:
-    from edgedyn.emulate.rootfs import SUITES, _target_args
+    from edgedyn.emulate.rootfs import SUITES, wheel_target_args
 
     if shutil.which(CXX) is None:
         raise RuntimeError("{} not found: the ExecuTorch peer is compiled for the board with it "
@@ -50,7 +50,7 @@ def _build(target: Path, suite: str) -> None:
     target.mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="edgedyn-executorch-") as scratch:
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", scratch,
-                        *_target_args(SUITES[suite]), EXECUTORCH], check=True)
+                        *wheel_target_args(SUITES[suite]), EXECUTORCH], check=True)
         wheel = next(Path(scratch).glob("executorch-*.whl"))
         with zipfile.ZipFile(str(wheel)) as archive:
             for member in archive.namelist():

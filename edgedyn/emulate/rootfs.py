@@ -242,7 +242,7 @@ def _install_wheels(image: BoardImage, rootfs: Path) -> List[str]:
     return install_for_board(image, image.wheels, [], image.site_dir(rootfs), rootfs)
 
 
-def _target_args(suite: Suite) -> List[str]:
+def wheel_target_args(suite: Suite) -> List[str]:
     """pip options that select wheels the board can load: its Python, aarch64, its glibc or older."""
     # Newest first: pip prefers the earlier tags. Nothing newer than the board's glibc can load there.
     platforms = [f"manylinux_2_{minor}_aarch64" for minor in range(suite.glibc_minor, 16, -1)]
@@ -256,7 +256,7 @@ def install_for_board(image: BoardImage, requirements: Sequence[str], local_whee
                        scratch: Path) -> List[str]:
     """Download `requirements` for the board, then unpack them and `local_wheels` (without deps) into `site`."""
     suite = SUITES[image.suite]
-    target_args = _target_args(suite)
+    target_args = wheel_target_args(suite)
     pip = [sys.executable, "-m", "pip"]
     with tempfile.TemporaryDirectory(prefix=".wheels-", dir=scratch) as wheel_dir:
         # Two steps: `pip install --python-version` checks Requires-Python against the host's Python (pypa/pip
