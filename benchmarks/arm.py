@@ -209,7 +209,7 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
         folder.mkdir(exist_ok=True)
         try:
             say("[{}] {}: converting".format(name, peer))
-            if peer in arm_executorch.PEERS:
+            if peer in (*arm_executorch.PEERS, arm_executorch.INT8):
                 program = arm_executorch.convert(peer, model, inputs, kind, folder)
                 say("[{}] {}: counting on the emulated {} (-cpu {})".format(name, peer, board.name, board.qemu_cpu))
                 entry = arm_executorch.count(peer, board, program, inputs, folder, CALLS)
@@ -264,17 +264,21 @@ def table(results: Dict[str, Any]) -> str:
     the looser gate's cosine for the second one): a peer whose fp16 output drifted further is faster at a cost
     edgedyn's gate refuses."""
     lines = []
+    extra = sorted({peer for models in results["boards"].values() for record in models.values()
+                    for peer in record["peers"] if peer not in PEERS})  # --peers beyond the default ones
+    columns = list(PEERS) + extra
     for board, models in results["boards"].items():
         lines += ["", "{} (qemu -cpu {}), millions of guest instructions per call, one thread:".format(
             board, results["cpus"][board]), "",
-                  "| model | edgedyn default | edgedyn candidates | " + " | ".join(PEERS) + " | default vs fewest peer | vs fewest peer at the gate |",
-                  "|---|---|---|" + "---:|" * len(PEERS) + "---:|---:|"]
+                  "| model | edgedyn default | edgedyn candidates | " + " | ".join(columns) +
+                  " | default vs fewest peer | vs fewest peer at the gate |",
+                  "|---|---|---|" + "---:|" * len(columns) + "---:|---:|"]
         for name, record in models.items():
             counts = record["edgedyn"].get("instructions_per_call") or {}
             chosen = record["edgedyn"].get("chosen")
             default = counts.get(chosen)
             cells = []
-            for peer in PEERS:
+            for peer in columns:
                 entry = record["peers"].get(peer, {})
                 cells.append("{:.1f} ({:.5f})".format(entry["per_call"] / 1e6, entry["cosine"])
                              if "per_call" in entry else "failed" if "error" in entry else "-")
@@ -292,7 +296,7 @@ def table(results: Dict[str, Any]) -> str:
                 gate = float(loose["gate"].split("=")[1])
                 lines.append("| {} at {} | {} {} ({}) | |{} {} | {} |".format(
                     name, loose["gate"], loose["chosen"], "{:.1f}".format(n / 1e6) if n else "-",
-                    ", ".join("{:.5f}".format(c) for c in loose.get("accuracy") or []) or "fp32", " |" * len(PEERS),
+                    ", ".join("{:.5f}".format(c) for c in loose.get("accuracy") or []) or "fp32", " |" * len(columns),
                     "{:.2f}x".format(min(peers) / n) if peers and n else "-", _at_gate(record["peers"], gate, n)))
     return "\n".join(lines)
 

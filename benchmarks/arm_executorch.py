@@ -26,6 +26,9 @@ EXECUTORCH = "executorch==1.5.1"  # pyproject's bench extra: the same release as
 RUNNER_SOURCE = Path(__file__).resolve().with_name("executorch_runner.cpp")
 CXX = "aarch64-linux-gnu-g++"
 PEERS = ("executorch-xnnpack-fp32", "executorch-xnnpack-fp16")
+# Not in arm.py's default peers (it needs calibration data, as edgedyn's --quantize int8 does): `--peers ...,
+# executorch-xnnpack-int8`, PT2E with XNNPACK's quantizer on 16 random calibration samples (speed.py's int8 peer).
+INT8 = "executorch-xnnpack-int8"
 # What the runner prints as an output's dtype: ExecuTorch's ScalarType codes of the two it can return here.
 DTYPES = {6: "float32", 5: "float16"}
 
@@ -75,7 +78,8 @@ def _build(target: Path, suite: str) -> None:
 
 
 def convert(peer: str, model: Any, inputs: tuple, kind: str, folder: Path) -> Path:
-    """The peer's program, lowered to XNNPACK on this host as its users do; fp16: the module and inputs cast."""
+    """The peer's program, lowered to XNNPACK on this host as its users do; fp16: the module and inputs cast;
+    int8: quantized through PT2E."""
     import copy
 
     import torch
@@ -85,7 +89,7 @@ def convert(peer: str, model: Any, inputs: tuple, kind: str, folder: Path) -> Pa
     if peer.endswith("fp16"):
         model, inputs = copy.deepcopy(model).to(torch.float16), tuple(_half(t) for t in inputs)
     with torch.no_grad():
-        _executorch(model, inputs, kind, False, str(path))
+        _executorch(model, inputs, kind, peer == INT8, str(path))
     return path
 
 
