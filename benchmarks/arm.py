@@ -165,12 +165,14 @@ def cosine(got: List[Any], want: List[Any]) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say: Callable[[str], None]) -> Dict[str, Any]:
+def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say: Callable[[str], None],
+                export: bool = True) -> Dict[str, Any]:
     import numpy as np
     import torch
 
     import edgedyn
-    from edgedyn.emulate.board import prepare
+    from edgedyn.boards import load_board
+    from edgedyn.emulate.board import prepare_board
     from edgedyn.registry import BACKENDS
     from edgedyn.runtime import read_manifest
     from edgedyn.runtime.format import kept_artifact
@@ -180,28 +182,33 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
         reference = model(*inputs)
     reference = [reference] if isinstance(reference, torch.Tensor) else list(reference)
     record = {"kind": kind, "edgedyn": {}, "peers": {}}  # type: Dict[str, Any]
-    say("[{}] edgedyn's default export for {}".format(name, board_name))
-    bundle = edgedyn.export(model, inputs, board=board_name, output=workdir / "{}.edgedyn".format(name),
-                            progress=lambda line: say("[{}] {}".format(name, line)))
-    artifact = kept_artifact(read_manifest(bundle)["specializations"][0])
-    selection = artifact["selection"]
-    record["edgedyn"] = {"chosen": selection.get("candidate"), "precision": artifact.get("precision", "fp32"),
-                         "mode": selection["mode"], "instructions_per_call": selection.get("instructions_per_call"),
-                         "rejected": selection.get("rejected"),
-                         "accuracy": [o["cosine"] for o in (artifact.get("accuracy") or {}).get("outputs", [])]}
-    if any("misses the float accuracy gate" in reason for reason in (selection.get("rejected") or {}).values()):
-        # A reduced precision missed edgedyn's strict gate (cosine 0.999) where the peers keep theirs at whatever
-        # it costs: the same export held to LOOSE_GATE shows edgedyn at the peers' accuracy.
-        say("[{}] edgedyn with --max-accuracy-drop {}".format(name, LOOSE_GATE))
-        loose = edgedyn.export(model, inputs, board=board_name, output=workdir / "{}-loose.edgedyn".format(name),
-                               max_accuracy_drop=LOOSE_GATE, progress=lambda line: say("[{}] {}".format(name, line)))
-        chosen = kept_artifact(read_manifest(loose)["specializations"][0])
-        record["edgedyn_loose"] = {"gate": LOOSE_GATE, "chosen": chosen["selection"].get("candidate"),
-                                   "precision": chosen.get("precision", "fp32"),
-                                   "instructions_per_call": chosen["selection"].get("instructions_per_call"),
-                                   "accuracy": [o["cosine"] for o in (chosen.get("accuracy") or {}).get("outputs", [])]}
+    if export:  # --peers-only: the peers alone (edgedyn's rows from an earlier run)
+        say("[{}] edgedyn's default export for {}".format(name, board_name))
+        bundle = edgedyn.export(model, inputs, board=board_name, output=workdir / "{}.edgedyn".format(name),
+                                progress=lambda line: say("[{}] {}".format(name, line)))
+        artifact = kept_artifact(read_manifest(bundle)["specializations"][0])
+        selection = artifact["selection"]
+        record["edgedyn"] = {"chosen": selection.get("candidate"), "precision": artifact.get("precision", "fp32"),
+                             "mode": selection["mode"],
+                             "instructions_per_call": selection.get("instructions_per_call"),
+                             "rejected": selection.get("rejected"),
+                             "accuracy": [o["cosine"] for o in (artifact.get("accuracy") or {}).get("outputs", [])]}
+        if any("misses the float accuracy gate" in reason for reason in (selection.get("rejected") or {}).values()):
+            # A reduced precision missed edgedyn's strict gate (cosine 0.999) where the peers keep theirs at whatever
+            # it costs: the same export held to LOOSE_GATE shows edgedyn at the peers' accuracy.
+            say("[{}] edgedyn with --max-accuracy-drop {}".format(name, LOOSE_GATE))
+            loose = edgedyn.export(model, inputs, board=board_name,
+                                   output=workdir / "{}-loose.edgedyn".format(name), max_accuracy_drop=LOOSE_GATE,
+                                   progress=lambda line: say("[{}] {}".format(name, line)))
+            chosen = kept_artifact(read_manifest(loose)["specializations"][0])
+            record["edgedyn_loose"] = {"gate": LOOSE_GATE, "chosen": chosen["selection"].get("candidate"),
+                                       "precision": chosen.get("precision", "fp32"),
+                                       "instructions_per_call": chosen["selection"].get("instructions_per_call"),
+                                       "accuracy": [o["cosine"] for o in
+                                                    (chosen.get("accuracy") or {}).get("outputs", [])]}
     extras = sorted({extra for record_ in BACKENDS.values() for extra in record_.board_extra.split(",") if extra})
-    board = prepare(bundle, extras=extras)
+    shipped = load_board(board_name)
+    board = prepare_board(board_name, shipped.qemu_cpu, shipped.debian_suite, extras)
     inputs_path = workdir / "inputs.npz"
     np.savez(str(inputs_path), **{"{:03d}".format(i): t.numpy() for i, t in enumerate(inputs)})
     for peer in peers:
@@ -287,9 +294,9 @@ def table(results: Dict[str, Any]) -> str:
             at_gate = _at_gate(record["peers"], STRICT_COSINE, default)
             others = ", ".join("{} {:.1f}".format(label, n / 1e6) for label, n in sorted(counts.items(),
                                                                                        key=lambda kv: kv[1]))
-            lines.append("| {} | {} {} | {} | {} | {} | {} |".format(
-                name, chosen, "{:.1f}".format(default / 1e6) if default else "-", others, " | ".join(cells), ratio,
-                at_gate))
+            lines.append("| {} | {} | {} | {} | {} | {} |".format(
+                name, "{} {}".format(chosen, "{:.1f}".format(default / 1e6) if default else "-") if chosen else
+                "not exported (--peers-only)", others, " | ".join(cells), ratio, at_gate))
             loose = record.get("edgedyn_loose")
             if loose:
                 n = (loose.get("instructions_per_call") or {}).get(loose.get("chosen"))
@@ -318,6 +325,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--boards", default="raspberry-pi-5")
     parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--peers-only", action="store_true",
+                        help="count the peers alone, without edgedyn's export (its rows from an earlier run)")
     parser.add_argument("--summarize", nargs="+", metavar="RESULTS.json")
     args = parser.parse_args()
     if summarized(args.summarize, table):
@@ -338,7 +347,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="edgedyn-arm-") as workdir:
                 try:
                     results["boards"][board_name][name] = bench_model(name, board_name, args.peers.split(","),
-                                                                      Path(workdir), say)
+                                                                      Path(workdir), say, not args.peers_only)
                 except Exception as error:
                     results["boards"][board_name][name] = {"edgedyn": {"error": str(error)[-400:]}, "peers": {}}
                     if os.environ.get("EDGEDYN_DEBUG"):

@@ -38,7 +38,8 @@ def runner(suite: str) -> Path:
     FOLDER/runner with its libraries in FOLDER/lib."""
     from edgedyn.emulate.rootfs import build_once, default_cache_dir
 
-    recipe = {"executorch": EXECUTORCH, "suite": suite, "source": hashlib.sha256(RUNNER_SOURCE.read_bytes()).hexdigest()}
+    recipe = {"executorch": EXECUTORCH, "suite": suite,
+              "source": hashlib.sha256(RUNNER_SOURCE.read_bytes()).hexdigest()}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     folder = build_once(default_cache_dir() / "executorch" / "runner-{}".format(key), lambda t: _build(t, suite))
     return folder / "runner"

@@ -104,8 +104,15 @@ def prepare(bundle: Path, say: Say = to_stderr, cache_dir: Optional[Path] = None
     runtimes of the bundle's backends, or `extras` (auto's candidates share one board: edgedyn/onboard.py)."""
     manifest = read_manifest(bundle)
     name, cpu, suite = emulation_of(manifest)
+    return prepare_board(name, cpu, suite, board_extras(manifest) if extras is None else extras, say, cache_dir)
+
+
+def prepare_board(name: str, cpu: str, suite: str, extras: Sequence[str], say: Say = to_stderr,
+                  cache_dir: Optional[Path] = None) -> EmulatedBoard:
+    """The emulated board `name` (Debian `suite` under qemu -cpu `cpu`) with this edgedyn and the runtimes of
+    `extras` installed, built once and reused (prepare() for a bundle; benchmarks/arm.py's peers for a board)."""
     check_tools()
-    image = image_for(suite, board_extras(manifest) if extras is None else tuple(sorted(extras)))
+    image = image_for(suite, tuple(sorted(extras)))
     boards = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     rootfs = boards / "{}-{}".format(image.suite, image.key())
     if not rootfs.is_dir():
