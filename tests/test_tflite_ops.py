@@ -291,3 +291,50 @@ def test_op_matches_torch(name: str, tmp_path) -> None:
     scale = float(np.abs(expected).max())
     assert scale > 0, "a test whose output is all zeros cannot fail"
     np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * scale + 1e-6)
+
+
+def _lowered(model: nn.Module, shape: Tuple[int, ...], fp16: bool) -> Tuple[Sequence[str], "np.ndarray", "np.ndarray"]:
+    """(operators in order, LiteRT's output, torch's) for `model` lowered as the tflite backend does, run on a fresh
+    input (an fp16-marked model computes in fp32 on a CPU without fp16 arithmetic, as on this host)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from edgedyn.backends.tflite import FP16_INFERENCE, REDUCED_PRECISION_KEY
+    from edgedyn.backends.tflite.lowering import lower_program
+    from edgedyn.backends.tflite.ops import CONVERTERS
+    from edgedyn.passes import run_pipeline
+    from edgedyn.registry import general_backends
+
+    (spec,) = edgedyn.capture(model, (torch.randn(*shape),)).specializations
+    tflite, _ = lower_program(run_pipeline(spec.program, "default"), CONVERTERS, general_backends(),
+                              metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None, fp16=fp16)
+    interpreter = Interpreter(model_content=tflite, num_threads=1)
+    ops = [op["op_name"] for op in interpreter._get_ops_details()]
+    interpreter.allocate_tensors()
+    x = torch.randn(*shape)
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x.numpy())
+    interpreter.invoke()
+    with torch.no_grad():
+        return ops, interpreter.get_tensor(interpreter.get_output_details()[0]["index"]), model(x).numpy()
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_hardswish_and_hardsigmoid_after_a_convolution_are_one_operator_each(fp16: bool) -> None:
+    """Core ATen writes hard-swish as x * clamp(clamp(x + 3, 0), None, 6) / 6 (five operators) and hard-sigmoid
+    as four: HARD_SWISH, and ADD with its ReLU6 fused plus one MUL, instead."""
+    model = seq(conv(4, 8, padding=1), nn.Hardswish(), conv(8, 8, k=1), nn.Hardsigmoid()).eval()
+    ops, got, want = _lowered(model, (1, 4, 12, 12), fp16)
+    assert ops.count("HARD_SWISH") == 1 and "MINIMUM" not in ops and "RELU" not in ops, ops
+    assert ops.count("ADD") == 1 and ops.count("MUL") == 1, ops  # hard-sigmoid: (x + 3, ReLU6 fused) * 1/6
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_an_fp16_model_pads_its_input_before_the_relayout(fp16: bool) -> None:
+    """A stride-2 convolution with padding 1 on an even input needs a PAD (SAME would pad after only). XNNPACK's
+    fp16 inference pads an NHWC tensor pixel by pixel and does not fold the PAD into the convolution, so an fp16
+    model pads the NCHW input before its TRANSPOSE; an fp32 one after it, where XNNPACK folds the PAD in."""
+    model = seq(conv(3, 8, stride=2, padding=1), nn.ReLU()).eval()
+    ops, got, want = _lowered(model, (1, 3, 16, 16), fp16)
+    assert ops[:3] == (["PAD", "TRANSPOSE", "CONV_2D"] if fp16 else ["TRANSPOSE", "PAD", "CONV_2D"]), ops
+    assert got.shape == want.shape == (1, 8, 8, 8)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))

@@ -32,7 +32,7 @@ def lower(build: Build) -> Artifact:
     if quantization is None:
         fp16 = build.precision == "fp16"
         model, facts = lower_program(program, CONVERTERS, alternatives,
-                                     metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None)
+                                     metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None, fp16=fp16)
         if fp16:
             facts["reduced_precision_support"] = FP16_INFERENCE.decode()
         return _artifact(model, facts, target, None if fp16 else dict(FP32_TOLERANCE))

@@ -47,8 +47,9 @@ class Lowering:
     """What converters build with: tensors in the layout they need, and operators producing new Values."""
 
     def __init__(self, quantize: Optional[str] = None, ranges: Optional[Dict[str, Tuple[float, float]]] = None,
-                 int8_converters: Optional[Dict[Any, Any]] = None) -> None:
+                 int8_converters: Optional[Dict[Any, Any]] = None, fp16: bool = False) -> None:
         self.writer = ModelWriter()
+        self.fp16 = fp16  # the model is marked for XNNPACK's fp16 inference (backends/tflite): ops/conv.py's PAD
         self.quantize = quantize  # None, "int8" (static) or "int8-weights" (hybrid kernels)
         self.ranges = ranges or {}  # node name -> calibrated (min, max), for "int8"
         self.int8_converters = int8_converters or {}  # ATen op -> converter on int8 inputs (ops/int8.py)
@@ -159,12 +160,13 @@ def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any,
                   alternatives: List[str], quantize: Optional[str] = None,
                   ranges: Optional[Dict[str, Tuple[float, float]]] = None,
                   int8_converters: Optional[Dict[Any, Converter]] = None,
-                  metadata: Optional[Dict[str, bytes]] = None) -> Tuple[bytes, Dict[str, Any]]:
-    """The .tflite bytes for `program`, with its inputs and outputs in torch layout, and facts for the manifest."""
+                  metadata: Optional[Dict[str, bytes]] = None, fp16: bool = False) -> Tuple[bytes, Dict[str, Any]]:
+    """The .tflite bytes for `program`, with its inputs and outputs in torch layout, and facts for the manifest;
+    `fp16`: the model will be marked (`metadata`) for XNNPACK's fp16 inference."""
     graph = program.graph_module.graph
     parameters = _parameters(program)
     _check_supported(graph, parameters, converters, alternatives)
-    ctx = Lowering(quantize, ranges, int8_converters if quantize == "int8" else None)
+    ctx = Lowering(quantize, ranges, int8_converters if quantize == "int8" else None, fp16)
     values = {}  # type: Dict[fx.Node, Any]
     inputs = []  # type: List[int]
     for node in graph.nodes:

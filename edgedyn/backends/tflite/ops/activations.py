@@ -6,6 +6,7 @@ import torch
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value
 from edgedyn.backends.tflite.ops.elementwise import binary
+from edgedyn.backends.tflite.ops.fusion import fused, relu6_end
 
 aten = torch.ops.aten
 
@@ -33,6 +34,8 @@ def clamp(ctx: Lowering, node: Any, x: Value, min: Optional[float] = None, max: 
     bounds = (min, max)
     if bounds == (0, 6):
         return ctx.unary("RELU6", x)
+    if bounds == (0, None) and relu6_end(node) is not None:  # clamp(clamp(x, 0), None, 6): one RELU6
+        return fused(ctx, relu6_end(node), node, ctx.unary("RELU6", x))
     if bounds == (0, None):
         return ctx.unary("RELU", x)
     if bounds == (-1, 1):

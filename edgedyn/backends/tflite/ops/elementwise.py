@@ -7,7 +7,7 @@ import torch
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value, constant
-from edgedyn.backends.tflite.ops.fusion import NONE, fused, fused_activation
+from edgedyn.backends.tflite.ops.fusion import NONE, fused, fused_activation, hardswish_end
 from edgedyn.backends.tflite.ops.integers import cast
 
 aten = torch.ops.aten
@@ -85,6 +85,11 @@ def _with_activation(ctx: Lowering, node: Any, op: str, a: Any, b: Any, options:
 
 
 def add(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
+    """ADD; or, at the start of core ATen's hard-swish (x + 3, clamps, a product and a division), HARD_SWISH: one
+    operator where the decomposition writes five (MobileNetV3-Large: 21 of them, each over a whole activation)."""
+    end = hardswish_end(node) if alpha == 1 and isinstance(a, Value) and not a.is_constant else None
+    if end is not None and _dtype(end) == np.float32:
+        return fused(ctx, end, node, ctx.unary("HARD_SWISH", a))
     return _with_activation(ctx, node, "ADD", a, _scaled(ctx, node, b, alpha), "AddOptions")
 
 

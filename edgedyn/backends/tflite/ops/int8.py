@@ -24,7 +24,7 @@ from edgedyn.backends.tflite.ops import pooling, shapes
 from edgedyn.backends.tflite.ops.elementwise import operand_layout
 from edgedyn.backends.tflite.ops.pad import stored_pads
 from edgedyn.backends.tflite.ops.padding import MAX_POOL_FILL, pair, spatial_padding
-from edgedyn.backends.tflite.ops.fusion import fused_activation
+from edgedyn.backends.tflite.ops.fusion import fused, fused_activation, hardswish_end
 from edgedyn.backends.tflite.ops.quantized import output_quant
 from edgedyn.backends.tflite.writer import Quant
 
@@ -60,7 +60,7 @@ def add(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Optional[
     """Two int8 tensors (residual connections), each on its own scale, into the output's; or a hard-swish."""
     if alpha != 1:
         return None
-    if _hardswish_end(node) is not None:
+    if hardswish_end(node) is not None:
         return hardswish(ctx, node, a)
     return _binary(ctx, "ADD", node, a, b, "AddOptions")
 
@@ -83,45 +83,16 @@ def _binary(ctx: Lowering, op: str, node: Any, a: Any, b: Any, options: str) -> 
     perm = operand_layout((a, b), a.rank)
     out = _emit(ctx, op, [ctx.tensor(a, perm), ctx.tensor(b, perm)], pooling.output_shape(node), perm, quant, options,
                 fused_activation_function=activation)
-    if produced is not node:
-        ctx.fused[produced] = out
-    return out
-
-
-def _hardswish_end(start: Any) -> Optional[Any]:
-    """The last node of core ATen's hard-swish, x * clamp(clamp(x + 3, 0), None, 6) / 6, starting at `start`
-    (the x + 3), when each step has one user; None for any other graph."""
-    x = start.args[0]
-    step = start
-    for expected in ((0,), (None, 6)):
-        step = _only_user(step)
-        if step is None or step.target != aten.clamp.default or tuple(step.args[1:]) != expected:
-            return None
-    product = _only_user(step)
-    if product is None or product.target != aten.mul.Tensor or set(product.args) != {x, step}:
-        return None
-    end = _only_user(product)
-    if start.args[1:] != (3,) or end is None or end.target != aten.div.Tensor or end.args[1:] != (6,):
-        return None
-    return end
-
-
-def _only_user(node: Any) -> Optional[Any]:
-    return next(iter(node.users)) if len(node.users) == 1 else None
+    return fused(ctx, produced, node, out)
 
 
 def hardswish(ctx: Lowering, start: Any, x: Value) -> Optional[Value]:
     """HARD_SWISH for the whole decomposed pattern: the steps in between are marked done, with no operators."""
-    end = _hardswish_end(start)
+    end = hardswish_end(start)
     quant = _calibrated(ctx, end)
     if not is_int8(x) or quant is None:
         return None
-    out = _emit(ctx, "HARD_SWISH", [ctx.tensor(x)], x.shape, x.perm, quant)
-    step = start
-    while step is not end:  # each step has one user (_hardswish_end checked)
-        step = next(iter(step.users))
-        ctx.fused[step] = out if step is end else None
-    return out
+    return fused(ctx, end, start, _emit(ctx, "HARD_SWISH", [ctx.tensor(x)], x.shape, x.perm, quant))
 
 
 def _keeps_scale(convert: Callable[..., Any]) -> Callable[..., Any]:

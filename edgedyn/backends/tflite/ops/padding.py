@@ -21,6 +21,13 @@ def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> Tupl
 MAX_POOL_FILL = float(np.finfo(np.float32).min)
 
 
+def explicit(shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+             dilation: Sequence[int]) -> bool:
+    """Whether torch's padding of an NCHW `shape` needs a PAD before the op (it is neither VALID nor SAME)."""
+    same = [same_padding(shape[2 + i], kernel[i], stride[i], dilation[i]) for i in range(2)]
+    return any(padding) and not all(same[i] == (padding[i], padding[i]) for i in range(2))
+
+
 def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
                     padding: Sequence[int], dilation: Sequence[int], pad_value: float = 0.0,
                     same_ok: bool = True, quant: Optional[Any] = None) -> Tuple[int, int]:
