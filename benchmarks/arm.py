@@ -341,13 +341,14 @@ def main() -> None:
                "boards": {}}  # type: Dict[str, Any]
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "arm-{}.json".format(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    peers = [peer for peer in args.peers.split(",") if peer]  # --peers "": edgedyn's rows alone
     for board_name in boards:
         results["boards"][board_name] = {}
         for name in [m for m in args.models.split(",") if m]:
             with tempfile.TemporaryDirectory(prefix="edgedyn-arm-") as workdir:
                 try:
-                    results["boards"][board_name][name] = bench_model(name, board_name, args.peers.split(","),
-                                                                      Path(workdir), say, not args.peers_only)
+                    results["boards"][board_name][name] = bench_model(name, board_name, peers, Path(workdir), say,
+                                                                      not args.peers_only)
                 except Exception as error:
                     results["boards"][board_name][name] = {"edgedyn": {"error": str(error)[-400:]}, "peers": {}}
                     if os.environ.get("EDGEDYN_DEBUG"):
