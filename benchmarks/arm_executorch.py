@@ -117,11 +117,16 @@ def count(peer: str, board: Any, program: Path, inputs: tuple, folder: Path, cal
     run = count_program(runner(board.image.suite), [str(program), str(prefix), str(calls), str(MARK_SYSCALL),
                                                     str(MARK_MAGIC), *files],
                         board.qemu_cpu, root=cpu_view(board.rootfs, board.qemu_cpu), env=dict(COUNT_ENV))
-    if run.vcpus != 1:
-        raise RuntimeError("the runner ran on {} threads; counts are per core".format(run.vcpus))
+    # The runner cuts ExecuTorch's pool to one thread before it marks; the workers the pool started first (one per
+    # core the guest sees) only start and stop (13K instructions on a one-convolution model). A worker that ran any
+    # kernel during the calls would execute millions.
+    others = sum(run.per_vcpu[1:])
+    if others > 100000:
+        raise RuntimeError("threads other than the runner's executed {:,} instructions against {:,} per call: the "
+                           "count would not be per core".format(others, run.per_call(calls)))
     described = json.loads(run.stdout.strip().splitlines()[-1])["outputs"]
     outputs = [np.frombuffer(Path("{}.{}.bin".format(prefix, i)).read_bytes(), DTYPES[o["dtype"]])
                .reshape(o["shape"]).astype(np.float32) for i, o in enumerate(described)]
     return {"per_call": run.per_call(calls), "ran": "{} ({}), XNNPACK, {}".format(
         (runner(board.image.suite).parent / "wheel.txt").read_text().strip(), "C++ runtime", peer.rsplit("-", 1)[1]),
-        "wall_s": round(run.wall_s, 1), "outputs": outputs}
+        "wall_s": round(run.wall_s, 1), "other_threads": others, "outputs": outputs}

@@ -4,7 +4,7 @@
 //   runner PROGRAM.pte OUTPUT_PREFIX CALLS MARK_SYSCALL MARK_MAGIC INPUT0.bin [INPUT1.bin ...]
 //
 // Loads the program's "forward" the way ExecuTorch's C++ users do (a file data loader, the planned buffers the
-// program asks for, malloc for the rest), on the calling thread only (no thread pool: the counts are per core),
+// program asks for, malloc for the rest), on the calling thread only (the counts are per core),
 // feeds each input from a file of raw bytes that must hold exactly what the program's input meta says, makes one
 // warm-up call, writes each output's raw bytes to OUTPUT_PREFIX.N.bin, marks (syscall MARK_SYSCALL with
 // MARK_MAGIC: the counting plugin's marks), marks again, makes CALLS calls, marks, and prints one JSON line with
@@ -41,6 +41,17 @@ using executorch::runtime::Method;
 using executorch::runtime::MethodMeta;
 using executorch::runtime::Program;
 using executorch::runtime::Span;
+
+// The wheel ships no threadpool.h; these two are exported by its libexecutorch_threadpool.so. The kernels outside
+// the XNNPACK delegate (a detector's head) run their parallel_for on this pool whatever NoThreadPoolGuard says, so
+// the pool is cut to the calling thread (a one-thread pool runs its work inline).
+namespace executorch::extension::threadpool {
+class ThreadPool {
+ public:
+  bool _unsafe_reset_threadpool(uint32_t num_threads);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
 
 namespace {
 
@@ -88,6 +99,9 @@ int main(int argc, char** argv) {
   const long mark_magic = std::strtol(argv[5], nullptr, 10);
   executorch::extension::threadpool::NoThreadPoolGuard one_thread;  // XNNPACK then runs on this thread alone
   executorch::runtime::runtime_init();
+  if (!executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(1)) {
+    fail("cannot cut ExecuTorch's thread pool to one thread");
+  }
 
   auto loader = FileDataLoader::from(argv[1]);
   if (!loader.ok()) {
