@@ -326,6 +326,10 @@ def test_hardswish_and_hardsigmoid_after_a_convolution_are_one_operator_each(fp1
     assert ops.count("HARD_SWISH") == 1 and "MINIMUM" not in ops and "RELU" not in ops, ops
     assert ops.count("ADD") == 1 and ops.count("MUL") == 1, ops  # hard-sigmoid: (x + 3, ReLU6 fused) * 1/6
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+    two_clamps = Fn(lambda m, x: m[0](x).clamp(min=0).clamp(max=6), conv(4, 8, padding=1)).eval()
+    ops, got, want = _lowered(two_clamps, (1, 4, 12, 12), fp16)
+    assert [op for op in ops if op != "TRANSPOSE"] == ["CONV_2D"], ops  # the ReLU6 fused into the convolution
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
 
 
 @pytest.mark.parametrize("fp16", [False, True])

@@ -14,7 +14,7 @@ import torch
 
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.lowering import Lowering, Value
-from edgedyn.backends.tflite.ops.fusion import fused_activation
+from edgedyn.backends.tflite.ops.fusion import fused, fused_activation
 from edgedyn.backends.tflite.ops.padding import spatial_padding
 from edgedyn.backends.tflite.writer import Quant
 from edgedyn.quantize.ranges import per_channel_weights, qparams
@@ -62,9 +62,7 @@ def convolution(ctx: Lowering, node: Any, x: Value, w: np.ndarray, b: np.ndarray
               ctx.writer.constant(bias, "bias", Quant(in_scale * scales, 0, 0))]
     out = ctx.emit(op, inputs, shape, layout.NHWC, options, dtype=np.int8, quant=output_quant(ctx, produced),
                    padding=mode, fused_activation_function=activation, **fields)
-    if produced is not node:
-        ctx.fused[produced] = out
-    return out
+    return fused(ctx, produced, node, out)
 
 
 def fully_connected(ctx: Lowering, node: Any, x: Value, weight: np.ndarray, bias: Optional[Value],
