@@ -114,8 +114,8 @@ def count(peer: str, board: Any, program: Path, inputs: tuple, folder: Path, cal
         path.write_bytes(np.ascontiguousarray(tensor.numpy()).tobytes())
         files.append(str(path))
     prefix = folder / "{}-output".format(peer)
-    run = count_program(runner(board.image.suite), [str(program), str(prefix), str(calls), str(MARK_SYSCALL),
-                                                    str(MARK_MAGIC), *files],
+    binary = runner(board.image.suite)
+    run = count_program(binary, [str(program), str(prefix), str(calls), str(MARK_SYSCALL), str(MARK_MAGIC), *files],
                         board.qemu_cpu, root=cpu_view(board.rootfs, board.qemu_cpu), env=dict(COUNT_ENV))
     # The runner cuts ExecuTorch's pool to one thread before it marks; the workers the pool started first (one per
     # core the guest sees) only start and stop (13K instructions on a one-convolution model). A worker that ran any
@@ -128,5 +128,5 @@ def count(peer: str, board: Any, program: Path, inputs: tuple, folder: Path, cal
     outputs = [np.frombuffer(Path("{}.{}.bin".format(prefix, i)).read_bytes(), DTYPES[o["dtype"]])
                .reshape(o["shape"]).astype(np.float32) for i, o in enumerate(described)]
     return {"per_call": run.per_call(calls), "ran": "{} ({}), XNNPACK, {}".format(
-        (runner(board.image.suite).parent / "wheel.txt").read_text().strip(), "C++ runtime", peer.rsplit("-", 1)[1]),
+        (binary.parent / "wheel.txt").read_text().strip(), "C++ runtime", peer.rsplit("-", 1)[1]),
         "wall_s": round(run.wall_s, 1), "other_threads": others, "outputs": outputs}

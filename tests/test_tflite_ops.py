@@ -306,7 +306,7 @@ def _lowered(model: nn.Module, shape: Tuple[int, ...], fp16: bool) -> Tuple[Sequ
 
     (spec,) = edgedyn.capture(model, (torch.randn(*shape),)).specializations
     tflite, _ = lower_program(run_pipeline(spec.program, "default"), CONVERTERS, general_backends(),
-                              metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None, fp16=fp16)
+                              metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None)
     interpreter = Interpreter(model_content=tflite, num_threads=1)
     ops = [op["op_name"] for op in interpreter._get_ops_details()]
     interpreter.allocate_tensors()

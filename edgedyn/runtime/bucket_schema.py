@@ -56,12 +56,11 @@ def check_buckets(c: schema.Checker, manifest: Dict[str, Any]) -> None:
                 if mine != ranks:
                     raise c.fail(where + ".padding", "specialization {} has outputs of ranks {}, the group's last "
                                  "{}".format(index, schema.bounded(mine), schema.bounded(ranks)))
-            _check_padding(c, group["padding"], where + ".padding", inputs, sizes, len(ranks), ranks,
-                           manifest["members"])
+            _check_padding(c, group["padding"], where + ".padding", inputs, sizes, ranks, manifest["members"])
 
 
 def _check_padding(c: schema.Checker, padding: Any, where: str, inputs: Dict[str, int], sizes: List[int],
-                   outputs: int, ranks: List[int], members: Dict[str, Any]) -> None:
+                   ranks: List[int], members: Dict[str, Any]) -> None:
     c.obj(padding, where, ("side", "values", "min_length", "outputs", "source"))
     c.text(padding["side"], where + ".side", PAD_SIDES)
     c.text(padding["source"], where + ".source")
@@ -74,7 +73,7 @@ def _check_padding(c: schema.Checker, padding: Any, where: str, inputs: Dict[str
             raise c.fail("{}.values.{}".format(where, schema.short(name)), "expected a finite number, got {}".format(
                 schema.short(value)))
     c.integer(padding["min_length"], where + ".min_length", 1, sizes[-1])
-    for index, record in enumerate(c.items(padding["outputs"], where + ".outputs", outputs)):
+    for index, record in enumerate(c.items(padding["outputs"], where + ".outputs", len(ranks))):
         at = "{}.outputs[{}]".format(where, index)
         c.obj(record, at, ("name", "axes"))
         c.text(record["name"], at + ".name")

@@ -9,13 +9,8 @@ from edgedyn.registry import general_backends
 from edgedyn.backends.artifact import Artifact, Build
 from edgedyn.boards import Target
 from edgedyn.runtime.program import FP32_TOLERANCE
+from edgedyn.backends.tflite.writer import FP16_INFERENCE, REDUCED_PRECISION_KEY  # fp16: see writer.py
 
-# Note: an fp16 artifact is the fp32 model marked with LiteRT's `reduced_precision_support` metadata: XNNPACK then
-# computes every operator in IEEE fp16 (fp16 accumulation, as TensorFlow's converter marks a model converted with
-# float16 accumulation) on CPUs with ARMv8.2 fp16 arithmetic, and in fp32 elsewhere (LiteRT's XNNPACK README,
-# "Floating-Point (IEEE FP16) Operators"). Weights stay fp32 in the file: XNNPACK converts them once at load.
-REDUCED_PRECISION_KEY = "reduced_precision_support"
-FP16_INFERENCE = b"fp16accfp16"
 # fp32 through XNNPACK: other summation orders and its own GELU/exp approximations; errors seen were below 1e-5
 # of the largest output magnitude, so FP32_TOLERANCE (1e-4) leaves room without hiding a wrong layout (those are
 # O(1)).
@@ -32,7 +27,7 @@ def lower(build: Build) -> Artifact:
     if quantization is None:
         fp16 = build.precision == "fp16"
         model, facts = lower_program(program, CONVERTERS, alternatives,
-                                     metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None, fp16=fp16)
+                                     metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None)
         if fp16:
             facts["reduced_precision_support"] = FP16_INFERENCE.decode()
         return _artifact(model, facts, target, None if fp16 else dict(FP32_TOLERANCE))

@@ -8,7 +8,7 @@ from torch import fx
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported, op_name, unsupported_error
 from edgedyn.backends.tflite.layout import Perm
-from edgedyn.backends.tflite.writer import ModelWriter, Quant
+from edgedyn.backends.tflite.writer import FP16_INFERENCE, REDUCED_PRECISION_KEY, ModelWriter, Quant
 from edgedyn.frontend.nms import NMS_OP
 
 # Ops with several outputs return tuples; fx reads them with operator.getitem.
@@ -160,9 +160,10 @@ def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any,
                   alternatives: List[str], quantize: Optional[str] = None,
                   ranges: Optional[Dict[str, Tuple[float, float]]] = None,
                   int8_converters: Optional[Dict[Any, Converter]] = None,
-                  metadata: Optional[Dict[str, bytes]] = None, fp16: bool = False) -> Tuple[bytes, Dict[str, Any]]:
+                  metadata: Optional[Dict[str, bytes]] = None) -> Tuple[bytes, Dict[str, Any]]:
     """The .tflite bytes for `program`, with its inputs and outputs in torch layout, and facts for the manifest;
-    `fp16`: the model will be marked (`metadata`) for XNNPACK's fp16 inference."""
+    `metadata` marked for XNNPACK's fp16 inference (writer.py) makes the converters write for it."""
+    fp16 = (metadata or {}).get(REDUCED_PRECISION_KEY) == FP16_INFERENCE
     graph = program.graph_module.graph
     parameters = _parameters(program)
     _check_supported(graph, parameters, converters, alternatives)

@@ -10,6 +10,14 @@ from edgedyn.errors import MissingDependencyError
 TENSOR_TYPES = {np.dtype("float32"): 0, np.dtype("int32"): 2, np.dtype("uint8"): 3, np.dtype("int64"): 4,
                 np.dtype("bool"): 6, np.dtype("int8"): 9}
 SCHEMA_VERSION = 3
+
+# Note: an fp16 artifact is the fp32 model marked with LiteRT's `reduced_precision_support` metadata: XNNPACK then
+# computes every operator in IEEE fp16 (fp16 accumulation, as TensorFlow's converter marks a model converted with
+# float16 accumulation) on CPUs with ARMv8.2 fp16 arithmetic, and in fp32 elsewhere (LiteRT's XNNPACK README,
+# "Floating-Point (IEEE FP16) Operators"). Weights stay fp32 in the file: XNNPACK converts them once at load.
+REDUCED_PRECISION_KEY = "reduced_precision_support"
+FP16_INFERENCE = b"fp16accfp16"
+
 # Builtin codes above 127 live in OperatorCode.builtin_code; the old int8 field then holds this placeholder.
 _PLACEHOLDER_FOR_GREATER_OP_CODES = 127
 # Operator versions LiteRT registers from 1, except these (the kernel registry starts them higher).

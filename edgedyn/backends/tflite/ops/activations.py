@@ -34,10 +34,9 @@ def clamp(ctx: Lowering, node: Any, x: Value, min: Optional[float] = None, max: 
     bounds = (min, max)
     if bounds == (0, 6):
         return ctx.unary("RELU6", x)
-    if bounds == (0, None) and relu6_end(node) is not None:  # clamp(clamp(x, 0), None, 6): one RELU6
-        return fused(ctx, relu6_end(node), node, ctx.unary("RELU6", x))
     if bounds == (0, None):
-        return ctx.unary("RELU", x)
+        then = relu6_end(node)  # clamp(clamp(x, 0), None, 6): one RELU6
+        return fused(ctx, then, node, ctx.unary("RELU6", x)) if then is not None else ctx.unary("RELU", x)
     if bounds == (-1, 1):
         return ctx.unary("RELU_N1_TO_1", x)
     if min is not None:

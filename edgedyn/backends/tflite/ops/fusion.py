@@ -26,9 +26,9 @@ def fused_activation(node: Any) -> Tuple[int, Any]:
     return NONE, node
 
 
-def relu6_end(node: Any) -> Optional[Any]:
+def relu6_end(node: Optional[Any]) -> Optional[Any]:
     """The second clamp of clamp(clamp(x, 0), None, 6) when `node` is the first and the second its only user."""
-    if node.target != aten.clamp.default or tuple(node.args[1:]) not in ((0,), (0.0,)) or node.kwargs:
+    if node is None or node.target != aten.clamp.default or tuple(node.args[1:]) not in ((0,), (0.0,)) or node.kwargs:
         return None
     then = only_user(node)
     if then is None or then.target != aten.clamp.default or tuple(then.args[1:]) not in ((None, 6), (None, 6.0)):
@@ -56,7 +56,7 @@ def hardswish_end(start: Any) -> Optional[Any]:
     if start.args[1:] != (3,) or start.kwargs:
         return None
     x = start.args[0]
-    second = relu6_end(only_user(start)) if only_user(start) is not None else None
+    second = relu6_end(only_user(start))
     product = only_user(second) if second is not None else None
     if product is None or product.target != aten.mul.Tensor or set(product.args) != {x, second}:
         return None

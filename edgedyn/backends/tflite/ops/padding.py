@@ -40,8 +40,7 @@ def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequenc
     """
     if all(p == 0 for p in padding):
         return x, 1  # Padding.VALID
-    same = [same_padding(shape[2 + i], kernel[i], stride[i], dilation[i]) for i in range(2)]
-    if same_ok and all(same[i] == (padding[i], padding[i]) for i in range(2)):
+    if same_ok and not explicit(shape, kernel, stride, padding, dilation):
         return x, 0  # Padding.SAME
     pads = np.array([[0, 0], [padding[0], padding[0]], [padding[1], padding[1]], [0, 0]], dtype=np.int32)
     padded = [shape[0], shape[2] + 2 * padding[0], shape[3] + 2 * padding[1], shape[1]]
