@@ -199,3 +199,23 @@ def test_max_pool_after_a_relu_pads_with_pad_which_xnnpack_takes(quantize, tmp_p
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     assert "PADV2" not in names[True] and names[True].count("PAD") >= 2, names[True]
     assert "PADV2" in names[False], names[False]
+
+
+class _ExcludePadAverage(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(F.avg_pool2d(F.relu(self.a(x)), 3, 2, padding=1, count_include_pad=False))
+
+
+def test_average_pooling_that_excludes_its_padding_matches_torch(tmp_path):
+    """Stride 2 and padding 1 on an even size, which SAME cannot say: a VALID average over zero borders would
+    divide every border window by 9; the float average scales each by its real values (the int8 one cannot)."""
+    shape = (1, 3, 8, 8)
+    path = edgedyn.export(_ExcludePadAverage, inputs=["x=1x3x8x8"], backend="tflite", quantize="int8",
+                          calibration=calibration(shape), output=tmp_path / "avg.edgedyn")
+    assert "MUL" in [op[0] for op in operators(path)]
+    assert_matches_torch(path, _ExcludePadAverage().eval(), shape)

@@ -4,7 +4,7 @@ Inputs are fresh random normals (never the export's example inputs, never zeros)
 max abs error <= 1e-4 * max |torch output| (+1e-6), the bundle's own tolerance.
 """
 import zlib
-from typing import Callable, Sequence, Tuple
+from typing import Any, Callable, List, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -110,6 +110,8 @@ CASES = {
     "avgpool2": (seq(nn.AvgPool2d(2)), [(1, 3, 8, 10)]),
     "avgpool3_pad1_count_pad": (seq(nn.AvgPool2d(3, 1, 1)), [IMG]),
     "avgpool3_pad1_exclude_pad": (seq(nn.AvgPool2d(3, 1, 1, count_include_pad=False)), [IMG]),
+    # stride 2 on an even size: padding SAME cannot say, each border window divided by its real values
+    "avgpool3_stride2_pad1_exclude_pad": (seq(nn.AvgPool2d(3, 2, 1, count_include_pad=False)), [(1, 3, 8, 10)]),
     "avgpool_window_past_image_ceil": (seq(nn.AvgPool2d(16, ceil_mode=True)), [IMG]),  # EfficientNet's head
     "adaptive_avgpool_1": (seq(conv(), nn.AdaptiveAvgPool2d(1)), [IMG]),
     "adaptive_avgpool_2": (seq(nn.AdaptiveAvgPool2d((2, 3))), [(1, 3, 8, 9)]),
@@ -293,9 +295,11 @@ def test_op_matches_torch(name: str, tmp_path) -> None:
     np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * scale + 1e-6)
 
 
-def _lowered(model: nn.Module, shape: Tuple[int, ...], fp16: bool) -> Tuple[Sequence[str], "np.ndarray", "np.ndarray"]:
+def _lowered(model: nn.Module, shape: Tuple[int, ...], fp16: bool,
+             tensors: Any = None) -> Tuple[Sequence[str], "np.ndarray", "np.ndarray"]:
     """(operators in order, LiteRT's output, torch's) for `model` lowered as the tflite backend does, run on a fresh
-    input (an fp16-marked model computes in fp32 on a CPU without fp16 arithmetic, as on this host)."""
+    input (an fp16-marked model computes in fp32 on a CPU without fp16 arithmetic, as on this host); `tensors`, a
+    list, gets the file's (name, shape) pairs."""
     from ai_edge_litert.interpreter import Interpreter
 
     from edgedyn.backends.tflite import FP16_INFERENCE, REDUCED_PRECISION_KEY
@@ -309,6 +313,8 @@ def _lowered(model: nn.Module, shape: Tuple[int, ...], fp16: bool) -> Tuple[Sequ
                               metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None)
     interpreter = Interpreter(model_content=tflite, num_threads=1)
     ops = [op["op_name"] for op in interpreter._get_ops_details()]
+    if tensors is not None:
+        tensors.extend((t["name"], tuple(int(n) for n in t["shape"])) for t in interpreter.get_tensor_details())
     interpreter.allocate_tensors()
     x = torch.randn(*shape)
     interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x.numpy())
@@ -333,12 +339,25 @@ def test_hardswish_and_hardsigmoid_after_a_convolution_are_one_operator_each(fp1
 
 
 @pytest.mark.parametrize("fp16", [False, True])
-def test_an_fp16_model_pads_its_input_before_the_relayout(fp16: bool) -> None:
-    """A stride-2 convolution with padding 1 on an even input needs a PAD (SAME would pad after only). XNNPACK's
-    fp16 inference pads an NHWC tensor pixel by pixel and does not fold the PAD into the convolution, so an fp16
-    model pads the NCHW input before its TRANSPOSE; an fp32 one after it, where XNNPACK folds the PAD in."""
-    model = seq(conv(3, 8, stride=2, padding=1), nn.ReLU()).eval()
-    ops, got, want = _lowered(model, (1, 3, 16, 16), fp16)
-    assert ops[:3] == (["PAD", "TRANSPOSE", "CONV_2D"] if fp16 else ["TRANSPOSE", "PAD", "CONV_2D"]), ops
-    assert got.shape == want.shape == (1, 8, 8, 8)
+@pytest.mark.parametrize("size, layer, bordered", [
+    (16, lambda: conv(3, 8, stride=2, padding=1), 17),  # even: the last padded row and column are never read
+    (15, lambda: conv(3, 8, k=5, stride=2, padding=1), 17),  # odd: both sides are
+    (12, lambda: conv(3, 8, k=5, padding=1), 14),  # stride 1, neither VALID nor SAME
+    (12, lambda: nn.AvgPool2d(3, stride=2, padding=1), 13),  # count_include_pad: zeros averaged in
+    (12, lambda: nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), 13),  # and scaled out
+])
+def test_padding_that_is_neither_same_nor_valid(fp16: bool, size: int, layer: Any, bordered: int) -> None:
+    """Torch's padding that TFLite's SAME cannot say is a PAD before a VALID op in fp32 (XNNPACK folds it into the
+    convolution); in a model marked for fp16 inference, where XNNPACK folds no PAD, it is zero borders written as
+    CONCATENATIONs, only those the windows read."""
+    model = seq(conv(3, 3, k=1), nn.ReLU(), layer()).eval()
+    tensors: List[Tuple[str, Tuple[int, ...]]] = []
+    ops, got, want = _lowered(model, (1, 3, size, size), fp16, tensors)
+    window = ops[ops.index("CONV_2D") + 1:]
+    if fp16:
+        assert "PAD" not in window and window.count("CONCATENATION") == 2, ops
+        assert [shape for name, shape in tensors if name.startswith("bordered")][-1][1:3] == (bordered, bordered)
+    else:
+        assert "PAD" in window and "CONCATENATION" not in window, ops
+    assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))

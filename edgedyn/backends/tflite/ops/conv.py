@@ -8,8 +8,7 @@ from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value
 from edgedyn.backends.tflite.ops.fusion import NONE, fused, fused_activation
-from edgedyn.backends.tflite.ops.pad import stored_pads
-from edgedyn.backends.tflite.ops.padding import explicit, pair, spatial_padding
+from edgedyn.backends.tflite.ops.padding import pair, spatial_padding
 
 aten = torch.ops.aten
 
@@ -53,9 +52,6 @@ def _conv2d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: List[
     """The convolution in NHWC; `activation` (fusion.py) is applied by the op itself."""
     out_channels, per_group, kh, kw = w.shape
     in_channels = x.shape[1]
-    if ctx.fp16 and x.perm != layout.NHWC and not x.is_constant and explicit(x.shape, (kh, kw), stride, padding,
-                                                                             dilation):
-        x, padding = _padded_before_relayout(ctx, x, padding), [0, 0]
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, (kh, kw), stride, padding, dilation)
     fields = dict(padding=mode, stride_h=stride[0], stride_w=stride[1], dilation_h_factor=dilation[0],
                   dilation_w_factor=dilation[1], fused_activation_function=activation)
@@ -68,16 +64,6 @@ def _conv2d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: List[
         return ctx.emit("DEPTHWISE_CONV_2D", inputs, shape, layout.NHWC, "DepthwiseConv2DOptions",
                         depth_multiplier=out_channels // in_channels, **fields)
     return _grouped(ctx, x, source, w, b, groups, shape, fields)
-
-
-def _padded_before_relayout(ctx: Lowering, x: Value, padding: Sequence[int]) -> Value:
-    """`x` padded in the layout it is stored in (the model's NCHW input, typically), before it is relayouted to
-    NHWC: XNNPACK's fp16 inference does not fold a PAD into the convolution after it, and pads an NHWC tensor pixel
-    by pixel; a stem's three channels then cost more than the convolution (timm's MobileNetV4-conv-small on the
-    emulated Pi 5: 10.2M instructions for its stem with the PAD after the TRANSPOSE, 5.6M before it)."""
-    stored = stored_pads(x, [padding[1], padding[1], padding[0], padding[0]])
-    shape = list(x.shape[:2]) + [x.shape[2] + 2 * padding[0], x.shape[3] + 2 * padding[1]]
-    return ctx.emit("PAD", [ctx.tensor(x), ctx.writer.constant(stored)], shape, x.perm, "PadOptions")
 
 
 def _grouped(ctx: Lowering, x: Value, source: int, w: np.ndarray, b: np.ndarray, groups: int, shape: List[int],

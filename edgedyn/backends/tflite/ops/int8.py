@@ -23,7 +23,7 @@ from edgedyn.backends.tflite.lowering import Lowering, Value
 from edgedyn.backends.tflite.ops import pooling, shapes
 from edgedyn.backends.tflite.ops.elementwise import operand_layout
 from edgedyn.backends.tflite.ops.pad import stored_pads
-from edgedyn.backends.tflite.ops.padding import MAX_POOL_FILL, pair, spatial_padding
+from edgedyn.backends.tflite.ops.padding import MAX_POOL_FILL, explicit, pair, spatial_padding
 from edgedyn.backends.tflite.ops.fusion import fused, fused_activation, hardswish_end
 from edgedyn.backends.tflite.ops.quantized import output_quant
 from edgedyn.backends.tflite.writer import Quant
@@ -132,6 +132,8 @@ def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
     if pooling.is_global_average(x.shape[2:], pooling.output_shape(node)[2:], pair(kernel), pair(padding)):
         return _mean(ctx, node, x, [2, 3], True)
     kernel, stride, padding = pooling.window(node, x, kernel, stride, padding, ceil_mode)
+    if not count_include_pad and explicit(x.shape, kernel, stride, padding, (1, 1)):
+        return None  # the float average scales each window by its real values (pooling.real_window_scale)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
                                    same_ok=not count_include_pad, quant=x.quant)
     return _average(ctx, source, pooling.output_shape(node), kernel, stride, mode, x.quant)

@@ -28,13 +28,46 @@ def explicit(shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
     return any(padding) and not all(same[i] == (padding[i], padding[i]) for i in range(2))
 
 
+def read_padding(size: int, kernel: int, stride: int, padding: int, dilation: int = 1) -> Tuple[int, int]:
+    """The (before, after) part of torch's symmetric `padding` of one spatial dim that the windows read: past a
+    stride of 1 the last padded rows may lie beyond the last window (stride 2, kernel 3, padding 1 on an even size
+    reads none of them)."""
+    windows = (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+    last = (windows - 1) * stride + dilation * (kernel - 1)  # the last index read, in the padded dim
+    return padding, min(padding, max(0, last - (padding + size - 1)))
+
+
+def zero_bordered(ctx: Lowering, x: int, shape: Sequence[int], pads: Sequence[Tuple[int, int]]) -> int:
+    """NHWC `x` of `shape` with (before, after) rows and columns of zeros, as CONCATENATIONs with constant zeros:
+    XNNPACK's fp16 inference (LiteRT 2.x) neither folds a PAD into the convolution after it, as it does in fp32,
+    nor pads faster than about one instruction per byte, where a CONCATENATION is a memcpy of each row.
+    torchvision's MobileNetV2 on the emulated Pi 5 in fp16: 67.5M instructions per call with PADs before its four
+    strided depthwise convolutions and the stem, 65.7M with these (docs/precision.md)."""
+    current = list(shape)
+    for axis, (before, after) in zip((1, 2), pads):
+        if not before and not after:
+            continue
+        parts = []
+        for rows in (before, "x", after):
+            if rows == "x":
+                parts.append(x)
+            elif rows:
+                parts.append(ctx.writer.constant(np.zeros(current[:axis] + [rows] + current[axis + 1:], np.float32),
+                                                 "zeros"))
+        current[axis] += before + after
+        x = ctx.writer.tensor("bordered", list(current), np.float32)
+        ctx.writer.operator("CONCATENATION", parts, [x], "ConcatenationOptions", axis=axis)
+    return x
+
+
 def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
                     padding: Sequence[int], dilation: Sequence[int], pad_value: float = 0.0,
                     same_ok: bool = True, quant: Optional[Any] = None) -> Tuple[int, int]:
     """Torch's symmetric padding as TFLite's SAME or VALID: returns (input tensor, Padding enum).
 
     SAME pads after more than before when the total is odd (stride-2 convolutions with padding 1 hit this), so
-    any padding that differs from SAME becomes an explicit PAD before a VALID op (XNNPACK fuses it in).
+    any padding that differs from SAME becomes an explicit PAD before a VALID op (XNNPACK fuses it in), or in a
+    model marked for fp16 inference zero borders of what the op reads (`zero_bordered`).
     `shape` is the NCHW torch shape of x; `same_ok` says whether the op's SAME means padding with `pad_value`
     (convolution pads zeros, max pooling ignores the padding as -inf would, average pooling excludes it).
     """
@@ -42,6 +75,9 @@ def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequenc
         return x, 1  # Padding.VALID
     if same_ok and not explicit(shape, kernel, stride, padding, dilation):
         return x, 0  # Padding.SAME
+    if ctx.fp16 and pad_value == 0.0 and quant is None:
+        read = [read_padding(shape[2 + i], kernel[i], stride[i], padding[i], dilation[i]) for i in range(2)]
+        return zero_bordered(ctx, x, [shape[0], shape[2], shape[3], shape[1]], read), 1
     pads = np.array([[0, 0], [padding[0], padding[0]], [padding[1], padding[1]], [0, 0]], dtype=np.int32)
     padded = [shape[0], shape[2] + 2 * padding[0], shape[3] + 2 * padding[1], shape[1]]
     out = ctx.writer.tensor("pad", padded, np.int8 if quant is not None else np.float32, quant)

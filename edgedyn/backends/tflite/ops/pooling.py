@@ -1,6 +1,7 @@
 """Pooling and reductions: MAX_POOL_2D/AVERAGE_POOL_2D in NHWC, MEAN/SUM/REDUCE_MAX over any layout."""
 from typing import Any, List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from edgedyn.backends.tflite import layout
@@ -68,7 +69,23 @@ def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
     kernel, stride, padding = window(node, x, kernel, stride, padding, ceil_mode)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
                                    same_ok=not count_include_pad)
-    return _average(ctx, source, output_shape(node), kernel, stride, mode)
+    out = _average(ctx, source, output_shape(node), kernel, stride, mode)
+    if mode == 1 and any(padding) and not count_include_pad:
+        scale = real_window_scale(x.shape[2:], kernel, stride, padding)
+        return ctx.emit("MUL", [out.tensor, ctx.writer.constant(scale)], out.shape, layout.NHWC, "MulOptions")
+    return out
+
+
+def real_window_scale(size: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                      padding: Sequence[int]) -> np.ndarray:
+    """count_include_pad=False on padding that SAME cannot say: the VALID average over zero borders divides each
+    window's sum by the whole window; times this (1, H, W, 1) factor it divides by the window's real values."""
+    counts = []
+    for i in range(2):
+        starts = np.arange((size[i] + 2 * padding[i] - kernel[i]) // stride[i] + 1) * stride[i] - padding[i]
+        counts.append(np.minimum(starts + kernel[i], size[i]) - np.maximum(starts, 0))
+    scale = kernel[0] * kernel[1] / np.outer(counts[0], counts[1])
+    return scale.astype(np.float32)[None, :, :, None]
 
 
 def _average(ctx: Lowering, source: int, shape: List[int], kernel: Sequence[int], stride: Sequence[int],
