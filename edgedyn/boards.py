@@ -183,6 +183,7 @@ class Board:
     cpu_target: str = key("targets", "cpu_target", text(expected="the name of a target, e.g. 'cortex-a72'"))
     gpu_target: Optional[str] = key("targets", "gpu_target",
                                     text(expected="the name of a cuda target, e.g. 'cuda-sm53'"), default=None)
+    # A qemu -cpu model, or a core qemu lacks that edgedyn runs on the model with its ISA (emulate/rootfs.py SAME_ISA).
     qemu_cpu: Optional[str] = key("emulation", "qemu_cpu", text(expected="a CPU from `qemu-aarch64-static -cpu help`"),
                                   default=None)
     # The Debian release whose arm64 packages make the emulated board's root filesystem (edgedyn/emulate):

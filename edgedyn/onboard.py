@@ -116,7 +116,7 @@ class Measurement:
         It runs as counts run: in the board's CPU view (the guest's /proc/cpuinfo names the board's CPU, as XNNPACK
         reads it), one thread, a fixed environment (edgedyn/emulate/instructions.py count_command)."""
         from edgedyn.emulate.instructions import LABEL, MARKS, count_command, plugin_library
-        from edgedyn.emulate.rootfs import EmulationError
+        from edgedyn.emulate.rootfs import EmulationError, cpu_words
 
         bundle, inputs, outputs = staged
         board = self._emulated
@@ -125,10 +125,10 @@ class Measurement:
                                             str(COUNTED_CALLS), MARKS])
         except EmulationError as error:
             raise EdgedynError("{} failed on the emulated {} (qemu -cpu {}): {}".format(
-                label, board.name, board.qemu_cpu, _last_line(error.message)))
+                label, board.name, cpu_words(board.qemu_cpu), _last_line(error.message)))
         self._counts[label] = {"per_call": counted.per_call(COUNTED_CALLS),
                                "calls": COUNTED_CALLS, "method": "marks", "wall_s": round(counted.wall_s, 1),
-                               "label": LABEL.format(board=board.name, cpu=board.qemu_cpu),
+                               "label": LABEL.format(board=board.name, cpu=cpu_words(board.qemu_cpu)),
                                "plugin": plugin_library().describe()}
         with np.load(str(outputs), allow_pickle=False) as saved:
             count = len([k for k in saved.files if k.startswith("0.")])
@@ -215,7 +215,7 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
     candidate, artifact = chosen_artifacts[chosen]
     others = sorted((n, label) for label, n in per_call.items() if label != chosen)
     why = "fewest guest instructions per call of {} verified on the emulated {} (qemu -cpu {}): {:,.0f}{}".format(
-        len(per_call), board.name, board.qemu_cpu, per_call[chosen],
+        len(per_call), board.name, _cpu_words(board.qemu_cpu), per_call[chosen],
         "; " + ", ".join("{} {:,.0f} ({:.2f}x)".format(label, n, n / per_call[chosen]) for n, label in others)
         if others else "")
     step("chose {} for {} ({:,.0f} instructions per call on the emulated {})".format(
@@ -259,7 +259,8 @@ class _Rounds:
                 step("{}: skipped ({})".format(label, rejected[label]))
                 continue
             batches, judge = _evaluation(candidate, artifact, self.spec, self.quantization, self.accuracy,
-                                         "the emulated {} (qemu -cpu {})".format(self.board.name, self.board.qemu_cpu))
+                                         "the emulated {} (qemu -cpu {})".format(self.board.name,
+                                                                                     _cpu_words(self.board.qemu_cpu)))
             files = attempt(label, lambda: measurement.stage(label, artifact, batches), rejected)
             if files is None:
                 step("{}: rejected ({})".format(label, rejected[label]))
@@ -267,7 +268,7 @@ class _Rounds:
             staged.append((candidate, artifact, judge, files, len(batches)))
         jobs = emulation_jobs(len(staged))
         step("running and counting {} candidate(s) on the emulated {} (qemu -cpu {}), {} at a time".format(
-            len(staged), self.board.name, self.board.qemu_cpu, jobs))
+            len(staged), self.board.name, _cpu_words(self.board.qemu_cpu), jobs))
         following = []  # type: List[Any]
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = [pool.submit(_attempt_run, measurement, candidate.label, files, n)
@@ -323,3 +324,9 @@ def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Opt
             artifact.meta["accuracy"]["measured_on"] = where
 
     return [examples] + extra, judge
+
+
+def _cpu_words(cpu: str) -> str:
+    from edgedyn.emulate.rootfs import cpu_words
+
+    return cpu_words(cpu)

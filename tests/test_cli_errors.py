@@ -85,7 +85,7 @@ DEVICE_CASES = {
                                            "--cpu applies to counting instructions"),
     "bench --instructions --cpu unknown": (lambda b, t: ["bench", b, "--emulate", "--instructions", "--cpu", "a76"],
                                            "unknown qemu CPU 'a76' for the emulated boards; choose from: cortex-a57, "
-                                           "cortex-a72, cortex-a76"),
+                                           "cortex-a72, cortex-a76, cortex-a78ae"),
     "bench --instructions --calls 0": (lambda b, t: ["bench", b, "--emulate", "--instructions", "--calls", "0"],
                                        "calls: expected an integer >= 1, got 0"),
     "bench --instructions --threads 4": (lambda b, t: ["bench", b, "--emulate", "--instructions", "--threads", "4"],

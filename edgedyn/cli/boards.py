@@ -11,6 +11,7 @@ from typing_extensions import Annotated
 
 from edgedyn.boards import Board, list_boards, load_board
 from edgedyn.cli.common import JsonOption, emit_json
+from edgedyn.emulate.rootfs import cpu_words
 from edgedyn.fleet.server import tvm_wheel_note
 
 
@@ -126,7 +127,8 @@ def _describe(board: Board) -> List[str]:
         ("cuda", _optional(board.cuda)),
         ("jetpack", _optional(board.jetpack)),
         ("glibc", board.glibc),
-        ("emulation", "-" if board.qemu_cpu is None else "qemu-aarch64-static -cpu {}".format(board.qemu_cpu)),
+        ("emulation",
+         "-" if board.qemu_cpu is None else "qemu-aarch64-static -cpu {}".format(cpu_words(board.qemu_cpu))),
         ("fleet", tvm_wheel_note(board.python) or "edgedyn serve (TVM's Python RPC server); see docs/fleet.md"),
         ("backends", ", ".join(board.backends) + " (CPU artifact, in order of preference)"),
         ("gpu code", ", ".join(board.gpu_backends) or "-"),

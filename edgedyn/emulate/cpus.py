@@ -23,6 +23,7 @@ MIDR = {
     "cortex-a57": (0x41, 0x1, 0xD07, 0x0),
     "cortex-a72": (0x41, 0x0, 0xD08, 0x3),
     "cortex-a76": (0x41, 0x4, 0xD0B, 0x1),
+    "cortex-a78ae": (0x41, 0x0, 0xD42, 0x1),  # r0p1, as a Jetson Orin's cpuinfo shows; run on cortex-a76 (SAME_ISA)
 }
 # The kernel's names for AT_HWCAP bits, in /proc/cpuinfo's order (arch/arm64/kernel/cpuinfo.c).
 HWCAP_NAMES = ("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc "

@@ -23,7 +23,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 from edgedyn.emulate.board import EmulatedBoard, Say, prepare, to_stderr
 from edgedyn.emulate.cpus import check_cpu, cpu_view
 from edgedyn.emulate.cpus import describe as describe_view
-from edgedyn.emulate.rootfs import EmulationError, board_environment, build_once, default_cache_dir
+from edgedyn.emulate.rootfs import (EmulationError, board_environment, build_once, cpu_words, default_cache_dir,
+                                    qemu_model)
 from edgedyn.errors import EdgedynError
 from edgedyn.runtime.format import read_manifest
 
@@ -171,7 +172,7 @@ def count_program(program: Path, argv: Sequence[str], cpu: str, root: Optional[P
     with tempfile.TemporaryDirectory(prefix="edgedyn-count-") as work:
         out = Path(work) / "count.json"
         # The qemu on this process's PATH (the one checked), not whichever the guest's PATH would find.
-        command = [str(shutil.which(qemu)), *(["-L", str(root)] if root is not None else []), "-cpu", cpu,
+        command = [str(shutil.which(qemu)), *(["-L", str(root)] if root is not None else []), "-cpu", qemu_model(cpu),
                    "-plugin", "{},out={}".format(plugin.path, out), str(program), *argv]
         if "," in str(out) or "," in str(plugin.path):  # qemu splits -plugin's argument at commas
             raise EmulationError("the counting plugin's paths hold a comma: {}, {}".format(plugin.path, out),
@@ -261,7 +262,7 @@ def count_instructions(bundle: Path, calls: int = 10, board: Optional[EmulatedBo
     return dict(ran, bundle=str(bundle), board=board.name, cpu=cpu, threads=1, calls=calls, warmup=warmup,
                 method=METHODS[method].format(warmup=warmup), per_call=per_call, baseline=baseline,
                 total=runs[-1].instructions, vcpus=max(run.vcpus for run in runs),
-                wall_s=sum(run.wall_s for run in runs), label=LABEL.format(board=board.name, cpu=cpu),
+                wall_s=sum(run.wall_s for run in runs), label=LABEL.format(board=board.name, cpu=cpu_words(cpu)),
                 plugin=plugin_library().describe(), cpuinfo=describe_view(cpu_view(board.rootfs, cpu)))
 
 

@@ -156,6 +156,23 @@ def run_on_board(
     )
 
 
+# CPU models qemu 7.2 lacks, run on the qemu model with the same user-space ISA: Cortex-A78AE (the Jetson Orin's)
+# executes what Cortex-A76 does (Armv8.2-A with fp16, dot product, RCpc, SSBS; its safety features are not
+# visible to user code). The guest still sees its own core: a counted process's /proc/cpuinfo gives its part
+# number (emulate/cpus.py), which XNNPACK, for one, picks kernels by.
+SAME_ISA = {"cortex-a78ae": "cortex-a76"}
+
+
+def qemu_model(cpu: str) -> str:
+    """The qemu -cpu model that runs `cpu`: itself, or the one of SAME_ISA."""
+    return SAME_ISA.get(cpu, cpu)
+
+
+def cpu_words(cpu: str) -> str:
+    """What follows '-cpu' in a label: 'cortex-a76', or 'cortex-a76 shown as cortex-a78ae' for one of SAME_ISA."""
+    return cpu if qemu_model(cpu) == cpu else "{} shown as {}".format(qemu_model(cpu), cpu)
+
+
 def board_command(rootfs: Path, argv: Sequence[str], cpu: str = "cortex-a72") -> List[str]:
     """The qemu-user command line that runs the board's python3 with `argv` (for a process that keeps running,
     such as a served board, start it with `board_environment`)."""
@@ -165,7 +182,7 @@ def board_command(rootfs: Path, argv: Sequence[str], cpu: str = "cortex-a72") ->
         raise EmulationError(f"no usr/bin/python3 in {rootfs}", hint="build the board first with ensure_rootfs()")
     check_tools()
     # Always a real CPU model: qemu's default `max` gave wrong int8 results under XNNPACK (docs/stack-notes.md).
-    return ["qemu-aarch64-static", "-L", str(rootfs), "-cpu", cpu, str(python), *argv]
+    return ["qemu-aarch64-static", "-L", str(rootfs), "-cpu", qemu_model(cpu), str(python), *argv]
 
 
 def board_environment(rootfs: Path, env: Optional[Mapping[str, str]] = None,

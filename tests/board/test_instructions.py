@@ -16,7 +16,8 @@ import pytest
 from conftest import EXAMPLES, require
 
 from edgedyn.emulate.board import EmulatedBoard
-from edgedyn.emulate.cpus import board_cpus
+from edgedyn.emulate.cpus import board_cpus, cpu_view
+from edgedyn.emulate.cpus import describe as describe_view
 from edgedyn.emulate.instructions import (COUNT_HINT, count_command, count_instructions, count_program,
                                           missing_counting_tools, plugin_library)
 
@@ -105,7 +106,10 @@ def test_the_same_command_counts_the_same_and_more_work_counts_more(pi_rootfs: P
 def test_the_guest_sees_the_counted_cpu(pi_rootfs: Path) -> None:
     code = "print(open('/proc/cpuinfo').read().split('CPU part')[1].split()[1])"
     parts = {cpu: count_command(pi_rootfs, ["-c", code], cpu=cpu).stdout.strip() for cpu in board_cpus()}
-    assert parts == {"cortex-a57": "0xd07", "cortex-a72": "0xd08", "cortex-a76": "0xd0b"}
+    # the Orin's A78AE runs on qemu's cortex-a76 (rootfs.SAME_ISA) and is shown as itself
+    assert parts == {"cortex-a57": "0xd07", "cortex-a72": "0xd08", "cortex-a76": "0xd0b", "cortex-a78ae": "0xd42"}
+    features = {cpu: describe_view(cpu_view(pi_rootfs, cpu))["features"] for cpu in ("cortex-a76", "cortex-a78ae")}
+    assert features["cortex-a78ae"] == features["cortex-a76"] and "asimdhp" in features["cortex-a76"].split()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
