@@ -173,6 +173,7 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
     import edgedyn
     from edgedyn.boards import load_board
     from edgedyn.emulate.board import prepare_board
+    from edgedyn.emulate.rootfs import cpu_words
     from edgedyn.registry import BACKENDS
     from edgedyn.runtime import read_manifest
     from edgedyn.runtime.format import kept_artifact
@@ -216,14 +217,16 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
         folder.mkdir(exist_ok=True)
         try:
             say("[{}] {}: converting".format(name, peer))
-            if peer in (*arm_executorch.PEERS, arm_executorch.INT8):
-                program = arm_executorch.convert(peer, model, inputs, kind, folder)
-                say("[{}] {}: counting on the emulated {} (-cpu {})".format(name, peer, board.name, board.qemu_cpu))
-                entry = arm_executorch.count(peer, board, program, inputs, folder, CALLS)
+            executorch = peer in (*arm_executorch.PEERS, arm_executorch.INT8)
+            converted = (arm_executorch.convert(peer, model, inputs, kind, folder) if executorch
+                         else convert_peer(peer, model, inputs, folder))
+            say("[{}] {}: counting on the emulated {} (-cpu {})".format(name, peer, board.name,
+                                                                        cpu_words(board.qemu_cpu)))
+            if executorch:
+                entry = arm_executorch.count(peer, board, converted, inputs, folder, CALLS)
                 got = entry.pop("outputs")
             else:
-                path = convert_peer(peer, model, inputs, folder)
-                say("[{}] {}: counting on the emulated {} (-cpu {})".format(name, peer, board.name, board.qemu_cpu))
+                path = converted
                 outputs = workdir / "{}-outputs.npz".format(peer)
                 entry = count_peer(board, peer, path, inputs_path, outputs)
                 with np.load(str(outputs)) as saved:
