@@ -361,3 +361,34 @@ def test_padding_that_is_neither_same_nor_valid(fp16: bool, size: int, layer: An
         assert "PAD" in window and "CONCATENATION" not in window, ops
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("size, stride, pad, folded", [
+    (16, 2, (0, 1, 0, 1), True),  # TensorFlow's SAME at stride 2 on an even size: after only
+    (15, 2, (1, 1, 1, 1), True),  # on an odd size: both sides
+    (12, 1, (1, 1, 1, 1), True),
+    (16, 2, (1, 1, 1, 1), False),  # torch's own padding 1 at stride 2 on an even size is not SAME
+    (12, 1, (0, 1, 0, 1), False),
+])
+def test_tensorflow_style_padding_before_a_convolution_is_its_same(fp16: bool, size: int, stride: int,
+                                                                    pad: Tuple[int, ...], folded: bool) -> None:
+    """transformers' MobileNets (`tf_padding`) and timm's Conv2dSame pad explicitly, then convolve unpadded: where
+    the pad is TFLite's SAME for that convolution no PAD is written (XNNPACK's fp16 inference would run it)."""
+    model = Fn(lambda m, x: m[1](F.pad(m[0](x).relu(), pad)), conv(3, 4, k=1), conv(4, 6, stride=stride)).eval()
+    ops, got, want = _lowered(model, (1, 3, size, size), fp16)
+    assert ("PAD" not in ops and "CONCATENATION" not in ops) if folded else ("PAD" in ops), ops
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+
+
+def _conv_and_crop(m: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    padded = F.pad(x, (1, 1, 1, 1))  # SAME for the convolution, but a second reader needs it padded
+    return m[0](padded) + padded[:, :1, 1:-1, 1:-1]
+
+
+def test_a_pad_read_twice_stays_a_pad() -> None:
+    model = Fn(_conv_and_crop, conv(3, 6)).eval()
+    ops, got, want = _lowered(model, (1, 3, 10, 10), False)
+    assert ops.count("PAD") == 1, ops
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))

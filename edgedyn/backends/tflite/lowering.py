@@ -1,5 +1,5 @@
 """Walks a core-ATen ExportedProgram once, in order, and builds the TFLite subgraph through the op converters."""
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -49,11 +49,12 @@ class Lowering:
     def __init__(self, quantize: Optional[str] = None, ranges: Optional[Dict[str, Tuple[float, float]]] = None,
                  int8_converters: Optional[Dict[Any, Any]] = None, fp16: bool = False) -> None:
         self.writer = ModelWriter()
-        self.fp16 = fp16  # the model is marked for XNNPACK's fp16 inference (backends/tflite): ops/conv.py's PAD
+        self.fp16 = fp16  # the model is marked for XNNPACK's fp16 inference (backends/tflite): ops/padding.py
         self.quantize = quantize  # None, "int8" (static) or "int8-weights" (hybrid kernels)
         self.ranges = ranges or {}  # node name -> calibrated (min, max), for "int8"
         self.int8_converters = int8_converters or {}  # ATen op -> converter on int8 inputs (ops/int8.py)
         self.fused = {}  # type: Dict[fx.Node, Any]  # activation node -> the Value of the op it was fused into
+        self.same = set()  # type: Set[fx.Node]  # convolutions whose input PAD is their SAME padding (ops/pad.py)
 
     def tensor(self, value: Value, perm: Optional[Perm] = None) -> int:
         """`value`'s TFLite tensor stored in layout `perm` (its own layout when None), relayouting once."""

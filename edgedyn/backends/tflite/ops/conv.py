@@ -33,7 +33,8 @@ def convolution(ctx: Lowering, node: Any, x: Value, weight: Value, bias: Optiona
 
         return quantized.convolution(ctx, node, x, w, b, stride, padding, dilation, groups)
     activation, produced = fused_activation(node)
-    out = _conv2d(ctx, ctx.dequantized(x), w, b, stride, padding, dilation, groups, shape, activation)
+    out = _conv2d(ctx, ctx.dequantized(x), w, b, stride, padding, dilation, groups, shape, activation,
+                  same=node in ctx.same)
     return fused(ctx, produced, node, out)
 
 
@@ -48,11 +49,13 @@ def _conv1d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: Seque
 
 
 def _conv2d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: List[int], padding: List[int],
-            dilation: List[int], groups: int, shape: List[int], activation: int = NONE) -> Value:
-    """The convolution in NHWC; `activation` (fusion.py) is applied by the op itself."""
+            dilation: List[int], groups: int, shape: List[int], activation: int = NONE, same: bool = False) -> Value:
+    """The convolution in NHWC; `activation` (fusion.py) is applied by the op itself; `same`: pad x with SAME (its
+    PAD was folded in, ops/pad.py)."""
     out_channels, per_group, kh, kw = w.shape
     in_channels = x.shape[1]
-    source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, (kh, kw), stride, padding, dilation)
+    source, mode = ((ctx.tensor(x, layout.NHWC), 0) if same else
+                    spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, (kh, kw), stride, padding, dilation))
     fields = dict(padding=mode, stride_h=stride[0], stride_w=stride[1], dilation_h_factor=dilation[0],
                   dilation_w_factor=dilation[1], fused_activation_function=activation)
     if groups == 1:
