@@ -114,6 +114,25 @@ def _distilbert(sequence: int = 128) -> Built:
     return Hidden(model).eval(), (torch.randn(1, sequence, 768),), "encoder"
 
 
+def _hf_mobilenet_v2(size: int = 224) -> Built:
+    """transformers' MobileNetV2 at the config of google/mobilenet_v2_1.0_224: TensorFlow's padding written as an
+    explicit pad before each convolution (`tf_padding`), as that checkpoint was trained with."""
+    import torch
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    class Logits(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: Any) -> Any:
+            return self.inner(pixel_values=x).logits
+
+    torch.manual_seed(0)
+    model = Logits(MobileNetV2ForImageClassification(MobileNetV2Config(image_size=size, num_labels=1001)))
+    return realistic(model, size), _image(size), "cnn"
+
+
 MODELS = {
     "tv-resnet18": _torchvision("resnet18"),
     "tv-mobilenet_v2": _torchvision("mobilenet_v2"),
@@ -124,6 +143,7 @@ MODELS = {
     "timm-levit_128s": _timm("levit_128s", kind="encoder"),
     "yolo11n": _yolo("yolo11n.yaml"),
     "hf-distilbert-base-128": _distilbert,
+    "hf-mobilenet_v2": _hf_mobilenet_v2,
     # More architectures, checked against OpenVINO's default by versus_openvino.py (2026-12-06): channel shuffles,
     # unfolded batch norms, ghost modules, attention and LayerNorm-heavy blocks.
     "tv-shufflenet_v2_x1_0": _torchvision("shufflenet_v2_x1_0"),
