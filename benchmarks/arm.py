@@ -273,13 +273,15 @@ def table(results: Dict[str, Any]) -> str:
     the fewest of the peers as accurate as edgedyn's gate demands (cosine to torch >= 0.999 for the default export,
     the looser gate's cosine for the second one): a peer whose fp16 output drifted further is faster at a cost
     edgedyn's gate refuses."""
+    from edgedyn.emulate.rootfs import cpu_words
+
     lines = []
     extra = sorted({peer for models in results["boards"].values() for record in models.values()
                     for peer in record["peers"] if peer not in PEERS})  # --peers beyond the default ones
     columns = list(PEERS) + extra
     for board, models in results["boards"].items():
         lines += ["", "{} (qemu -cpu {}), millions of guest instructions per call, one thread:".format(
-            board, results["cpus"][board]), "",
+            board, cpu_words(results["cpus"][board])), "",
                   "| model | edgedyn default | edgedyn candidates | " + " | ".join(columns) +
                   " | default vs fewest peer | vs fewest peer at the gate |",
                   "|---|---|---|" + "---:|" * len(columns) + "---:|---:|"]
