@@ -226,9 +226,8 @@ def bench_model(name: str, board_name: str, peers: List[str], workdir: Path, say
                 entry = arm_executorch.count(peer, board, converted, inputs, folder, CALLS)
                 got = entry.pop("outputs")
             else:
-                path = converted
                 outputs = workdir / "{}-outputs.npz".format(peer)
-                entry = count_peer(board, peer, path, inputs_path, outputs)
+                entry = count_peer(board, peer, converted, inputs_path, outputs)
                 with np.load(str(outputs)) as saved:
                     got = [saved["output.{}".format(i)] for i in range(len(saved.files))]
             entry["cosine"] = cosine(got[:1], [reference[0].numpy()])

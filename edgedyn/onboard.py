@@ -116,7 +116,7 @@ class Measurement:
         It runs as counts run: in the board's CPU view (the guest's /proc/cpuinfo names the board's CPU, as XNNPACK
         reads it), one thread, a fixed environment (edgedyn/emulate/instructions.py count_command)."""
         from edgedyn.emulate.instructions import LABEL, MARKS, count_command, plugin_library
-        from edgedyn.emulate.rootfs import EmulationError, cpu_words
+        from edgedyn.emulate.rootfs import EmulationError
 
         bundle, inputs, outputs = staged
         board = self._emulated
@@ -124,11 +124,10 @@ class Measurement:
             counted = count_command(board, ["-c", _EVALUATE, str(bundle), str(inputs), str(outputs),
                                             str(COUNTED_CALLS), MARKS])
         except EmulationError as error:
-            raise EdgedynError("{} failed on the emulated {} (qemu -cpu {}): {}".format(
-                label, board.name, cpu_words(board.qemu_cpu), _last_line(error.message)))
+            raise EdgedynError("{} failed on {}: {}".format(label, _where(board), _last_line(error.message)))
         self._counts[label] = {"per_call": counted.per_call(COUNTED_CALLS),
                                "calls": COUNTED_CALLS, "method": "marks", "wall_s": round(counted.wall_s, 1),
-                               "label": LABEL.format(board=board.name, cpu=cpu_words(board.qemu_cpu)),
+                               "label": LABEL.format(board=board.name, cpu=_cpu_words(board.qemu_cpu)),
                                "plugin": plugin_library().describe()}
         with np.load(str(outputs), allow_pickle=False) as saved:
             count = len([k for k in saved.files if k.startswith("0.")])
@@ -214,8 +213,8 @@ def on_board(build: Callable[[Any], Artifact], board: Board, spec: Any, step: Ca
     chosen = min(per_call, key=lambda label: per_call[label])  # listed in preference order: a tie keeps the earlier
     candidate, artifact = chosen_artifacts[chosen]
     others = sorted((n, label) for label, n in per_call.items() if label != chosen)
-    why = "fewest guest instructions per call of {} verified on the emulated {} (qemu -cpu {}): {:,.0f}{}".format(
-        len(per_call), board.name, _cpu_words(board.qemu_cpu), per_call[chosen],
+    why = "fewest guest instructions per call of {} verified on {}: {:,.0f}{}".format(
+        len(per_call), _where(board), per_call[chosen],
         "; " + ", ".join("{} {:,.0f} ({:.2f}x)".format(label, n, n / per_call[chosen]) for n, label in others)
         if others else "")
     step("chose {} for {} ({:,.0f} instructions per call on the emulated {})".format(
@@ -259,16 +258,14 @@ class _Rounds:
                 step("{}: skipped ({})".format(label, rejected[label]))
                 continue
             batches, judge = _evaluation(candidate, artifact, self.spec, self.quantization, self.accuracy,
-                                         "the emulated {} (qemu -cpu {})".format(self.board.name,
-                                                                                     _cpu_words(self.board.qemu_cpu)))
+                                         _where(self.board))
             files = attempt(label, lambda: measurement.stage(label, artifact, batches), rejected)
             if files is None:
                 step("{}: rejected ({})".format(label, rejected[label]))
                 continue
             staged.append((candidate, artifact, judge, files, len(batches)))
         jobs = emulation_jobs(len(staged))
-        step("running and counting {} candidate(s) on the emulated {} (qemu -cpu {}), {} at a time".format(
-            len(staged), self.board.name, _cpu_words(self.board.qemu_cpu), jobs))
+        step("running and counting {} candidate(s) on {}, {} at a time".format(len(staged), _where(self.board), jobs))
         following = []  # type: List[Any]
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = [pool.submit(_attempt_run, measurement, candidate.label, files, n)
@@ -330,3 +327,10 @@ def _cpu_words(cpu: str) -> str:
     from edgedyn.emulate.rootfs import cpu_words
 
     return cpu_words(cpu)
+
+
+def _where(board: Any) -> str:
+    """Where a candidate ran: a board file's Board or an EmulatedBoard (emulate/rootfs.py `emulated_words`)."""
+    from edgedyn.emulate.rootfs import emulated_words
+
+    return emulated_words(board.name, board.qemu_cpu)

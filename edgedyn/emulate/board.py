@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from edgedyn.boards import board_names, load_board
 from edgedyn.emulate.rootfs import SUITES, BoardImage, EmulationError, check_tools, default_cache_dir, ensure_rootfs
-from edgedyn.emulate.rootfs import cpu_words, run_on_board
+from edgedyn.emulate.rootfs import cpu_words, emulated_words, run_on_board
 from edgedyn.emulate.wheels import host_wheel, install_wheel
 from edgedyn.registry import backend_of_executor
 from edgedyn.runtime.format import read_manifest
@@ -129,7 +129,7 @@ def prepare_board(name: str, cpu: str, suite: str, extras: Sequence[str], say: S
 def run_command(board: EmulatedBoard, command: str, bundle: Path, options: List[str],
                 say: Say = to_stderr) -> "subprocess.CompletedProcess[str]":
     """`python3 -m edgedyn COMMAND BUNDLE OPTIONS` on the board; a crash of the board's Python is an error."""
-    say("running edgedyn {} on the emulated {} (qemu -cpu {})".format(command, board.name, cpu_words(board.qemu_cpu)))
+    say("running edgedyn {} on {}".format(command, emulated_words(board.name, board.qemu_cpu)))
     result = board.run_edgedyn(["-m", "edgedyn", command, str(Path(bundle).resolve()), *options])
     # 0 ok, 1 mismatch, 2 a user error the board's edgedyn explained: all reported by the board itself.
     if result.returncode not in (0, 1, 2):

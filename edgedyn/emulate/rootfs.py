@@ -173,6 +173,11 @@ def cpu_words(cpu: str) -> str:
     return cpu if qemu_model(cpu) == cpu else "{} shown as {}".format(qemu_model(cpu), cpu)
 
 
+def emulated_words(board: str, cpu: str) -> str:
+    """'the emulated raspberry-pi-5 (qemu -cpu cortex-a76)', as messages say where a command ran."""
+    return "the emulated {} (qemu -cpu {})".format(board, cpu_words(cpu))
+
+
 def board_command(rootfs: Path, argv: Sequence[str], cpu: str = "cortex-a72") -> List[str]:
     """The qemu-user command line that runs the board's python3 with `argv` (for a process that keeps running,
     such as a served board, start it with `board_environment`)."""

@@ -47,13 +47,9 @@ def zero_bordered(ctx: Lowering, x: int, shape: Sequence[int], pads: Sequence[Tu
     for axis, (before, after) in zip((1, 2), pads):
         if not before and not after:
             continue
-        parts = []
-        for rows in (before, "x", after):
-            if rows == "x":
-                parts.append(x)
-            elif rows:
-                parts.append(ctx.writer.constant(np.zeros(current[:axis] + [rows] + current[axis + 1:], np.float32),
-                                                 "zeros"))
+        zeros = [ctx.writer.constant(np.zeros(current[:axis] + [rows] + current[axis + 1:], np.float32), "zeros")
+                 if rows else None for rows in (before, after)]
+        parts = [part for part in (zeros[0], x, zeros[1]) if part is not None]
         current[axis] += before + after
         x = ctx.writer.tensor("bordered", list(current), np.float32)
         ctx.writer.operator("CONCATENATION", parts, [x], "ConcatenationOptions", axis=axis)
