@@ -295,11 +295,11 @@ def test_op_matches_torch(name: str, tmp_path) -> None:
     np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * scale + 1e-6)
 
 
-def _lowered(model: nn.Module, shape: Tuple[int, ...], fp16: bool,
-             tensors: Any = None) -> Tuple[Sequence[str], "np.ndarray", "np.ndarray"]:
+def _lowered(model: nn.Module, shape: Tuple[int, ...], fp16: bool, tensors: Any = None,
+             mirror: Any = None) -> Tuple[Sequence[str], "np.ndarray", "np.ndarray"]:
     """(operators in order, LiteRT's output, torch's) for `model` lowered as the tflite backend does, run on a fresh
     input (an fp16-marked model computes in fp32 on a CPU without fp16 arithmetic, as on this host); `tensors`, a
-    list, gets the file's (name, shape) pairs."""
+    list, gets the file's (name, shape) pairs; `mirror` True or False decides mirrored coordinates (mirror.py)."""
     from ai_edge_litert.interpreter import Interpreter
 
     from edgedyn.backends.tflite import FP16_INFERENCE, REDUCED_PRECISION_KEY
@@ -310,7 +310,7 @@ def _lowered(model: nn.Module, shape: Tuple[int, ...], fp16: bool,
 
     (spec,) = edgedyn.capture(model, (torch.randn(*shape),)).specializations
     tflite, _ = lower_program(run_pipeline(spec.program, "default"), CONVERTERS, general_backends(),
-                              metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None)
+                              metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None, mirror=mirror)
     interpreter = Interpreter(model_content=tflite, num_threads=1)
     ops = [op["op_name"] for op in interpreter._get_ops_details()]
     if tensors is not None:
@@ -392,3 +392,82 @@ def test_a_pad_read_twice_stays_a_pad() -> None:
     ops, got, want = _lowered(model, (1, 3, 10, 10), False)
     assert ops.count("PAD") == 1, ops
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+
+
+class Shifted(nn.Module):
+    """A convolution whose output gets a constant image added: a parameter that varies over rows and columns."""
+
+    def __init__(self, size: Tuple[int, int]) -> None:
+        super().__init__()
+        self.conv = conv(3, 8, stride=2, padding=1)
+        self.image = nn.Parameter(torch.randn(1, 8, *size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.conv(x) + self.image).relu()
+
+
+def _excite(m: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    """A MobileNetV3-like tail: stride-2 stem, a 5x5 stride-2 depthwise, squeeze-excite, a residual, a classifier."""
+    x = F.hardswish(m[0](x))
+    x = F.relu(m[1](x))
+    scale = F.hardsigmoid(m[3](F.relu(m[2](x.mean((2, 3), keepdim=True)))))
+    x = x * scale + m[4](x)
+    return m[5](x.mean((2, 3)))
+
+
+MIRRORED_CASES = {
+    "excite_classifier": (Fn(_excite, conv(3, 32, stride=2, padding=1), conv(32, 32, k=5, stride=2, padding=2,
+                                                                            groups=32),
+                             conv(32, 8, k=1), conv(8, 32, k=1), conv(32, 32, groups=32, padding=1), nn.Linear(32, 5)),
+                          (1, 3, 32, 24)),
+    "downsampling_image_out": (seq(conv(3, 8, stride=2, padding=1), nn.ReLU6(),
+                                   conv(8, 8, k=5, stride=2, padding=2, groups=8)), (1, 3, 20, 26)),
+    "resnet_stem": (seq(conv(3, 8, k=7, stride=2, padding=3), nn.ReLU(), nn.MaxPool2d(3, 2, 1)), (1, 3, 30, 28)),
+    "max_pool_of_negatives": (seq(conv(3, 8, stride=2, padding=1), nn.MaxPool2d(3, 2, 1)), (1, 3, 22, 20)),
+    "strided_1x1_leaves_a_row": (seq(conv(3, 8, stride=2, padding=1), nn.ReLU(), conv(8, 8, k=1, stride=2)),
+                                 (1, 3, 16, 16)),
+    "average_without_padding": (seq(conv(3, 8, stride=2, padding=1), nn.ReLU(),
+                                    nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False)), (1, 3, 24, 24)),
+    "average_with_padding": (seq(conv(3, 8, k=1), nn.AvgPool2d(3, stride=2, padding=1)), (1, 3, 12, 14)),
+    "flatten_classifier": (Fn(lambda m, x: m[1](m[0](x).flatten(1)), conv(3, 4, stride=2, padding=1),
+                              nn.Linear(4 * 6 * 5, 7)), (1, 3, 12, 10)),
+    "constant_image_added": (Shifted((8, 7)), (1, 3, 16, 13)),
+    "channel_reductions": (Fn(lambda m, x: m[0](x).mean(1) + m[0](x).amax(1), conv(3, 8, stride=2, padding=1)),
+                           (1, 3, 14, 18)),
+    "dilated_grouped_strided": (seq(conv(4, 8, padding=2, dilation=2, stride=2, groups=2)), (1, 4, 17, 16)),
+    "rectangular": (seq(conv(k=(3, 1), stride=(2, 1), padding=(1, 0)), nn.ReLU(), conv(6, 6, k=(1, 5), padding=(0, 2),
+                                                                                      stride=2)), IMG),
+}
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("name", sorted(MIRRORED_CASES))
+def test_mirrored_coordinates_match_torch(name: str, fp16: bool) -> None:
+    """Rows and columns back to front, kernels flipped (mirror.py): every window op, padding, reduction, constant
+    and output a CNN has, read the right way round on a fresh input."""
+    model, shape = MIRRORED_CASES[name]
+    model.eval()
+    ops, got, want = _lowered(model, shape, fp16, mirror=True)
+    assert "REVERSE_V2" in ops, ops
+    assert got.shape == want.shape
+    scale = float(np.abs(want).max())
+    assert scale > 0
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * scale + 1e-6)
+
+
+def test_mirroring_is_kept_where_it_copies_less() -> None:
+    """fp16 inference: a classifier whose stride-2 windows need zero borders computes mirrored, with its input
+    reversed (a REVERSE_V2 per axis) and no border at all; one whose image is its output does not (reversing the output
+    would split XNNPACK's partition), nor does anything in fp32, where XNNPACK folds the PADs."""
+    model, shape = MIRRORED_CASES["excite_classifier"]
+    model.eval()
+    plain, _, _ = _lowered(model, shape, True, mirror=False)
+    assert plain.count("CONCATENATION") == 4 and "REVERSE_V2" not in plain, plain  # two layers, two borders each
+    ops, got, want = _lowered(model, shape, True)
+    assert ops[:2] == ["REVERSE_V2"] * 2 and ops.count("REVERSE_V2") == 2 and "CONCATENATION" not in ops, ops
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+    ops, _, _ = _lowered(model, shape, False)
+    assert "REVERSE_V2" not in ops and "PAD" in ops, ops
+    image_out, shape = MIRRORED_CASES["downsampling_image_out"]
+    ops, _, _ = _lowered(image_out.eval(), shape, True)
+    assert "REVERSE_V2" not in ops and "CONCATENATION" in ops, ops

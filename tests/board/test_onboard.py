@@ -109,6 +109,50 @@ def test_an_fp16_that_misses_the_gate_is_counted_again_with_its_first_layers_in_
         assert artifact["openvino"]["fp32_layers"]["first"] >= 1
 
 
+def test_a_tflite_fp16_in_mirrored_coordinates_computes_right_on_the_emulated_a76(tmp_path):
+    """A MobileNet-like classifier whose stride-2 windows would need zero borders: its TFLite fp16 file computes
+    with the rows and columns back to front (backends/tflite/mirror.py), and the gate measured on the emulated A76,
+    XNNPACK's fp16 kernels and TFLite's REVERSE_V2 there, holds it to torch."""
+    import torch
+    from torch import nn
+
+    from edgedyn.boards import load_board
+    from edgedyn.onboard import unavailable
+
+    require(unavailable(load_board("raspberry-pi-5")) is None, "needs the emulated board and the counting tools",
+            "bash scripts/install.sh")
+
+    class Located(nn.Module):
+        """Features less their mean, weighed by where they are, then averaged: on noise a global average (and one
+        weighed by place) hardly changes when a kernel is flipped the wrong way (checked: cosine 0.99997 with one
+        flipped along one axis only), what varies from place to place does. Small (8x8 features), so that fp16's
+        rounding of the 64 terms stays near the gate."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.features = nn.Sequential(
+                nn.Conv2d(3, 32, 3, stride=2, padding=1), nn.ReLU6(), nn.Conv2d(32, 64, 1), nn.ReLU6(),
+                nn.Conv2d(64, 64, 3, stride=2, padding=1, groups=64), nn.ReLU6(), nn.Conv2d(64, 32, 1))
+            self.where = nn.Parameter(torch.randn(1, 32, 8, 8))
+            self.classifier = nn.Linear(32, 10, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            features = self.features(x)
+            features = features - features.mean((2, 3), keepdim=True)  # what varies from place to place
+            return self.classifier((features * self.where).mean((2, 3)))
+
+    path = edgedyn.export(Located().eval(), (torch.randn(1, 3, 32, 32),), board="raspberry-pi-5", backend="tflite",
+                          precision="fp16", max_accuracy_drop="cosine=0.99", output=tmp_path / "m.edgedyn")
+    (artifact,) = rt.read_manifest(path)["specializations"][0]["artifacts"]
+    assert artifact["precision"] == "fp16" and artifact.get("tflite_mirrored") is True, artifact
+    assert "REVERSE_V2" in artifact["tflite_ops"] and "CONCATENATION" not in artifact["tflite_ops"]
+    accuracy = artifact["accuracy"]
+    assert accuracy["measured_on"] == EMULATED_PI5
+    assert min(o["cosine"] for o in accuracy["outputs"]) >= 0.99  # 0.998 in fp16 either way; a kernel flipped
+    # along one axis only: 0.72, refused by the export's sanity check (below 0.9: a broken artifact)
+
+
 def test_without_the_emulation_tools_the_preference_decides_and_says_why(monkeypatch, tmp_path):
     import edgedyn.onboard as onboard
 

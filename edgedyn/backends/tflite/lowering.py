@@ -1,5 +1,5 @@
 """Walks a core-ATen ExportedProgram once, in order, and builds the TFLite subgraph through the op converters."""
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -19,14 +19,15 @@ class Value:
     """One tensor of the graph: torch shape, stored layout, and its TFLite tensor or constant data."""
 
     def __init__(self, shape: Sequence[int], dtype: Any, perm: Perm, tensor: Optional[int] = None,
-                 data: Optional[np.ndarray] = None, quant: Optional[Quant] = None) -> None:
+                 data: Optional[np.ndarray] = None, quant: Optional[Quant] = None, flip: Sequence[int] = ()) -> None:
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.perm = tuple(perm)
+        self.flip = flipped(self.shape, flip)  # torch dims stored back to front (mirrored coordinates, mirror.py)
         self.tensor = tensor
         self.data = data  # in torch layout; set for parameters and folded constants
         self.quant = quant  # set for int8 tensors computed at run time (static quantization)
-        self.relayouts = {}  # type: Dict[Perm, int]
+        self.relayouts = {}  # type: Dict[Tuple[Perm, FrozenSet[int]], int]
         self.twin = None  # type: Optional[Value]  # the float copy of an int8 value, or the int8 copy of a float one
 
     @property
@@ -36,6 +37,18 @@ class Value:
     @property
     def is_constant(self) -> bool:
         return self.data is not None
+
+
+def flipped(shape: Sequence[int], dims: Sequence[int]) -> FrozenSet[int]:
+    """The dims of `dims` that reversing changes: a dim of size 1 reads the same either way."""
+    return frozenset(d for d in dims if shape[d] > 1)
+
+
+def mirrors(converter: Any) -> Any:
+    """Marks a converter that takes and returns tensors in mirrored coordinates (Value.flip) and says so in its
+    outputs; every other converter gets its inputs in torch's order of rows and columns (`_convert`)."""
+    converter.mirrors = True
+    return converter
 
 
 def constant(array: Any) -> Value:
@@ -55,23 +68,47 @@ class Lowering:
         self.int8_converters = int8_converters or {}  # ATen op -> converter on int8 inputs (ops/int8.py)
         self.fused = {}  # type: Dict[fx.Node, Any]  # activation node -> the Value of the op it was fused into
         self.same = set()  # type: Set[fx.Node]  # convolutions whose input PAD is their SAME padding (ops/pad.py)
+        self.mirror = False  # convolutions and pooling compute in mirrored coordinates (mirror.py)
+        self.inputs = []  # type: List[int]  # the graph's input and output tensors, once lowered
+        self.outputs = []  # type: List[int]
 
-    def tensor(self, value: Value, perm: Optional[Perm] = None) -> int:
-        """`value`'s TFLite tensor stored in layout `perm` (its own layout when None), relayouting once."""
+    def tensor(self, value: Value, perm: Optional[Perm] = None, flip: Sequence[int] = ()) -> int:
+        """`value`'s TFLite tensor stored in layout `perm` (its own layout when None) with torch dims `flip` stored
+        back to front (none by default: torch's order), relayouting once: a REVERSE_V2 in the layout it has, then a
+        TRANSPOSE."""
         perm = value.perm if perm is None else tuple(perm)
+        flip = flipped(value.shape, flip)
         if value.is_constant:
-            return self.writer.constant(np.transpose(value.data, perm) if value.rank else value.data)
-        if perm == value.perm:
+            data = np.flip(value.data, tuple(flip)) if flip else value.data
+            return self.writer.constant(np.transpose(data, perm) if value.rank else data)
+        if perm == value.perm and flip == value.flip:
             return value.tensor
-        if perm not in value.relayouts:
-            out = self.writer.tensor("relayout", layout.stored_shape(value.shape, perm), value.dtype, value.quant)
-            if layout.same_memory_order(value.shape, value.perm, perm):
-                self.reshape_into(value.tensor, out)
-            else:
-                self.writer.operator("TRANSPOSE", [value.tensor, self.ints(layout.transpose_perm(value.perm, perm))],
-                                     [out], "TransposeOptions")
-            value.relayouts[perm] = out
-        return value.relayouts[perm]
+        key = (perm, flip)
+        if key not in value.relayouts:
+            source = value.tensor
+            # one axis per REVERSE_V2: tflite-runtime before multi-axis support (Python 3.8 boards) logs and then
+            # reverses only the first axis it is given
+            for axis in sorted(value.perm.index(d) for d in flip ^ value.flip):
+                reversed_ = self.writer.tensor("mirrored", layout.stored_shape(value.shape, value.perm), value.dtype,
+                                               value.quant)
+                self.writer.operator("REVERSE_V2", [source, self.ints([axis])], [reversed_])
+                source = reversed_
+            out = source
+            if perm != value.perm:
+                out = self.writer.tensor("relayout", layout.stored_shape(value.shape, perm), value.dtype, value.quant)
+                if layout.same_memory_order(value.shape, value.perm, perm):
+                    self.reshape_into(source, out)
+                else:
+                    self.writer.operator("TRANSPOSE", [source, self.ints(layout.transpose_perm(value.perm, perm))],
+                                         [out], "TransposeOptions")
+            value.relayouts[key] = out
+        return value.relayouts[key]
+
+    def unflipped(self, value: Value) -> Value:
+        """`value` in torch's order of rows and columns, for converters that do not mirror."""
+        if not value.flip or value.is_constant:
+            return value
+        return Value(value.shape, value.dtype, value.perm, tensor=self.tensor(value), quant=value.quant)
 
     def torch_order(self, value: Value) -> int:
         """A tensor with `value`'s elements in torch's memory order, for ops that reinterpret the shape."""
@@ -104,23 +141,24 @@ class Lowering:
         return self.writer.constant(np.asarray(number, dtype=dtype))
 
     def new(self, shape: Sequence[int], dtype: Any = np.float32, perm: Optional[Perm] = None,
-            name: str = "t", quant: Optional[Quant] = None) -> Value:
-        """A fresh non-constant Value stored in `perm` (torch layout when None)."""
+            name: str = "t", quant: Optional[Quant] = None, flip: Sequence[int] = ()) -> Value:
+        """A fresh non-constant Value stored in `perm` (torch layout when None), torch dims `flip` back to front."""
         perm = layout.identity(len(shape)) if perm is None else tuple(perm)
         tensor = self.writer.tensor(name, layout.stored_shape(shape, perm), dtype, quant)
-        return Value(shape, dtype, perm, tensor=tensor, quant=quant)
+        return Value(shape, dtype, perm, tensor=tensor, quant=quant, flip=flip)
 
     def emit(self, op: str, inputs: Sequence[int], shape: Sequence[int], perm: Optional[Perm] = None,
              options: Optional[str] = None, dtype: Any = np.float32, quant: Optional[Quant] = None,
-             **fields: Any) -> Value:
-        """Appends one operator with one output of torch shape `shape` stored in `perm`; returns that output."""
-        out = self.new(shape, dtype, perm, name=op.lower(), quant=quant)
+             flip: Sequence[int] = (), **fields: Any) -> Value:
+        """Appends one operator with one output of torch shape `shape` stored in `perm` (and `flip`); returns it."""
+        out = self.new(shape, dtype, perm, name=op.lower(), quant=quant, flip=flip)
         self.writer.operator(op, inputs, [out.tensor], options, **fields)
         return out
 
     def unary(self, op: str, value: Value, options: Optional[str] = None, **fields: Any) -> Value:
-        """A layout-agnostic one-input op: the output keeps the input's layout."""
-        return self.emit(op, [self.tensor(value)], value.shape, value.perm, options, value.dtype, **fields)
+        """A layout-agnostic one-input op: the output keeps the input's layout, mirrored or not."""
+        return self.emit(op, [self.tensor(value, value.perm, value.flip)], value.shape, value.perm, options,
+                         value.dtype, flip=value.flip, **fields)
 
 
     def dequantized(self, value: Value) -> Value:
@@ -161,38 +199,57 @@ def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any,
                   alternatives: List[str], quantize: Optional[str] = None,
                   ranges: Optional[Dict[str, Tuple[float, float]]] = None,
                   int8_converters: Optional[Dict[Any, Converter]] = None,
-                  metadata: Optional[Dict[str, bytes]] = None) -> Tuple[bytes, Dict[str, Any]]:
+                  metadata: Optional[Dict[str, bytes]] = None,
+                  mirror: Optional[bool] = None) -> Tuple[bytes, Dict[str, Any]]:
     """The .tflite bytes for `program`, with its inputs and outputs in torch layout, and facts for the manifest;
-    `metadata` marked for XNNPACK's fp16 inference (writer.py) makes the converters write for it."""
+    `metadata` marked for XNNPACK's fp16 inference (writer.py) makes the converters write for it, and in mirrored
+    coordinates where that copies less (mirror.py; `mirror` True or False decides instead)."""
+    from edgedyn.backends.tflite.mirror import mirror_pays
+
     fp16 = (metadata or {}).get(REDUCED_PRECISION_KEY) == FP16_INFERENCE
-    graph = program.graph_module.graph
+    _check_supported(program.graph_module.graph, _parameters(program), converters, alternatives)
+    lowered = lambda mirrored: _lowered(program, converters, alternatives, Lowering(  # noqa: E731
+        quantize, ranges, int8_converters if quantize == "int8" else None, fp16), mirrored)
+    if mirror and quantize:
+        raise ValueError("mirrored coordinates are for float files")
+    ctx = lowered(False) if not mirror else None
+    if mirror or (mirror is None and fp16 and not quantize):
+        mirrored = lowered(True)
+        if ctx is None or mirror_pays(ctx, mirrored):
+            ctx = mirrored
+    model = ctx.writer.finish(ctx.inputs, ctx.outputs, "edgedyn {}".format(
+        program.graph_module.__class__.__name__), metadata)
+    ops = sorted({op.op for op in ctx.writer.operators})
+    facts = {"tflite_ops": ops, "tflite_operators": len(ctx.writer.operators)}  # type: Dict[str, Any]
+    if ctx.mirror:
+        facts["tflite_mirrored"] = True
+    if quantize:
+        facts["weight_bytes"] = sum(len(b) for b in ctx.writer.buffers)
+    return model, facts
+
+
+def _lowered(program: Any, converters: Dict[Any, Converter], alternatives: List[str], ctx: Lowering,
+             mirror: bool) -> Lowering:
+    """`ctx` with the program's operators written, its graph inputs and outputs in `ctx.inputs`, `ctx.outputs`."""
+    ctx.mirror = mirror
     parameters = _parameters(program)
-    _check_supported(graph, parameters, converters, alternatives)
-    ctx = Lowering(quantize, ranges, int8_converters if quantize == "int8" else None, fp16)
     values = {}  # type: Dict[fx.Node, Any]
-    inputs = []  # type: List[int]
-    for node in graph.nodes:
+    for node in program.graph_module.graph.nodes:
         if node.op == "placeholder":
             if node.name in parameters:
                 values[node] = constant(parameters[node.name])
             else:
                 val = node.meta["val"]
                 values[node] = ctx.new(val.shape, _dtype(val.dtype), name=node.name)
-                inputs.append(values[node].tensor)
+                ctx.inputs.append(values[node].tensor)
         elif node.op == "call_function":
             try:
                 values[node] = _convert(ctx, node, values, converters)
             except Unsupported as error:
                 raise unsupported_error(node, str(error), [], alternatives)
         elif node.op == "output":
-            outputs = [_output(ctx, values[item], inputs) for item in node.args[0]]
-    model = ctx.writer.finish(inputs, outputs, "edgedyn {}".format(program.graph_module.__class__.__name__),
-                              metadata)
-    ops = sorted({op.op for op in ctx.writer.operators})
-    facts = {"tflite_ops": ops, "tflite_operators": len(ctx.writer.operators)}  # type: Dict[str, Any]
-    if quantize:
-        facts["weight_bytes"] = sum(len(b) for b in ctx.writer.buffers)
-    return model, facts
+            ctx.outputs = [_output(ctx, values[item], ctx.inputs) for item in node.args[0]]
+    return ctx
 
 
 def _parameters(program: Any) -> Dict[str, np.ndarray]:
@@ -290,6 +347,9 @@ def _convert(ctx: Lowering, node: fx.Node, values: Dict[fx.Node, Any], converter
     if all(isinstance(v, Value) and v.is_constant for v in inputs) and _foldable(node):
         return _fold(node, args, kwargs)
     converter = converters[node.target]
+    if not getattr(converter, "mirrors", False):
+        in_order = lambda v: ctx.unflipped(v) if isinstance(v, Value) else v  # noqa: E731
+        args, kwargs = fx.node.map_aggregate(args, in_order), fx.node.map_aggregate(kwargs, in_order)
     if ctx.quantize == "int8" and converter.__name__ not in QUANTIZED_CONVERTERS:
         int8 = ctx.int8_converters.get(node.target)
         out = int8(ctx, node, *args, **kwargs) if int8 is not None else None

@@ -4,7 +4,7 @@ from typing import Any, Optional
 import torch
 
 from edgedyn.backends.tflite.diagnostics import Unsupported
-from edgedyn.backends.tflite.lowering import Lowering, Value
+from edgedyn.backends.tflite.lowering import Lowering, Value, mirrors
 from edgedyn.backends.tflite.ops.elementwise import binary
 from edgedyn.backends.tflite.ops.fusion import fused, relu6_end
 
@@ -16,17 +16,20 @@ def _simple(op: str) -> Any:
         return ctx.unary(op, x)
 
     convert.__name__ = op.lower()
-    return convert
+    return mirrors(convert)
 
 
+@mirrors
 def gelu(ctx: Lowering, node: Any, x: Value, approximate: str = "none") -> Value:
     return ctx.unary("GELU", x, "GeluOptions", approximate=approximate == "tanh")
 
 
+@mirrors
 def leaky_relu(ctx: Lowering, node: Any, x: Value, negative_slope: float = 0.01) -> Value:
     return ctx.unary("LEAKY_RELU", x, "LeakyReluOptions", alpha=float(negative_slope))
 
 
+@mirrors
 def clamp(ctx: Lowering, node: Any, x: Value, min: Optional[float] = None, max: Optional[float] = None) -> Value:
     """ReLU6 (hardtanh 0..6), ReLU and RELU_N1_TO_1 when the bounds match one, MAXIMUM/MINIMUM otherwise."""
     if isinstance(min, Value) or isinstance(max, Value):
@@ -46,16 +49,19 @@ def clamp(ctx: Lowering, node: Any, x: Value, min: Optional[float] = None, max: 
     return x
 
 
+@mirrors
 def hardtanh(ctx: Lowering, node: Any, x: Value, min_val: float = -1.0, max_val: float = 1.0) -> Value:
     return clamp(ctx, node, x, min_val, max_val)
 
 
+@mirrors
 def hardsigmoid(ctx: Lowering, node: Any, x: Value) -> Value:
     """relu6(x + 3) / 6."""
     shifted = binary(ctx, "ADD", x, 3.0, x.shape, "AddOptions")
     return binary(ctx, "MUL", ctx.unary("RELU6", shifted), 1.0 / 6.0, x.shape, "MulOptions")
 
 
+@mirrors
 def silu(ctx: Lowering, node: Any, x: Value) -> Value:
     return binary(ctx, "MUL", x, ctx.unary("LOGISTIC", x), x.shape, "MulOptions")
 

@@ -6,13 +6,14 @@ import torch
 
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
-from edgedyn.backends.tflite.lowering import Lowering, Value
+from edgedyn.backends.tflite.lowering import Lowering, Value, mirrors
 from edgedyn.backends.tflite.ops.fusion import NONE, fused, fused_activation
-from edgedyn.backends.tflite.ops.padding import pair, spatial_padding
+from edgedyn.backends.tflite.ops.padding import MIRRORED, mirrorable, pair, spatial_padding
 
 aten = torch.ops.aten
 
 
+@mirrors
 def convolution(ctx: Lowering, node: Any, x: Value, weight: Value, bias: Optional[Value], stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
                 groups: int) -> Value:
@@ -44,33 +45,40 @@ def _conv1d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: Seque
     x = ctx.dequantized(x)
     image = ctx.reshape(x, [x.shape[0], x.shape[1], 1, x.shape[2]])
     out = _conv2d(ctx, image, w[:, :, None, :], b, [1, stride[0]], [0, padding[0]], [1, dilation[0]], groups,
-                  [shape[0], shape[1], 1, shape[2]])
+                  [shape[0], shape[1], 1, shape[2]], mirror=False)
     return ctx.reshape(out, shape)
 
 
 def _conv2d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: List[int], padding: List[int],
-            dilation: List[int], groups: int, shape: List[int], activation: int = NONE, same: bool = False) -> Value:
+            dilation: List[int], groups: int, shape: List[int], activation: int = NONE, same: bool = False,
+            mirror: bool = True) -> Value:
     """The convolution in NHWC; `activation` (fusion.py) is applied by the op itself; `same`: pad x with SAME (its
-    PAD was folded in, ops/pad.py)."""
+    PAD was folded in, ops/pad.py); in mirrored coordinates (../mirror.py) where the lowering mirrors, `mirror`
+    allows it and the windows can: the kernel flipped, rows and columns in and out back to front."""
     out_channels, per_group, kh, kw = w.shape
     in_channels = x.shape[1]
-    source, mode = ((ctx.tensor(x, layout.NHWC), 0) if same else
-                    spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, (kh, kw), stride, padding, dilation))
+    mirror = mirror and not same and mirrorable(ctx, x.shape, (kh, kw), stride, padding, dilation)
+    flip = MIRRORED if mirror else ()
+    if mirror:
+        w = np.ascontiguousarray(w[:, :, ::-1, ::-1])
+    source = ctx.tensor(x, layout.NHWC, flip)
+    source, mode = ((source, 0) if same else
+                    spatial_padding(ctx, source, x.shape, (kh, kw), stride, padding, dilation, mirrored=mirror))
     fields = dict(padding=mode, stride_h=stride[0], stride_w=stride[1], dilation_h_factor=dilation[0],
                   dilation_w_factor=dilation[1], fused_activation_function=activation)
     if groups == 1:
         inputs = [source, ctx.writer.constant(w.transpose(0, 2, 3, 1)), ctx.writer.constant(b)]
-        return ctx.emit("CONV_2D", inputs, shape, layout.NHWC, "Conv2DOptions", **fields)
+        return ctx.emit("CONV_2D", inputs, shape, layout.NHWC, "Conv2DOptions", flip=flip, **fields)
     if groups == in_channels and per_group == 1:
         # depthwise: output channel o reads input channel o // multiplier, as TFLite's 1HWO layout does
         inputs = [source, ctx.writer.constant(w.transpose(1, 2, 3, 0)), ctx.writer.constant(b)]
         return ctx.emit("DEPTHWISE_CONV_2D", inputs, shape, layout.NHWC, "DepthwiseConv2DOptions",
-                        depth_multiplier=out_channels // in_channels, **fields)
-    return _grouped(ctx, x, source, w, b, groups, shape, fields)
+                        depth_multiplier=out_channels // in_channels, flip=flip, **fields)
+    return _grouped(ctx, source, w, b, groups, shape, fields, flip)
 
 
-def _grouped(ctx: Lowering, x: Value, source: int, w: np.ndarray, b: np.ndarray, groups: int, shape: List[int],
-             fields: Any) -> Value:
+def _grouped(ctx: Lowering, source: int, w: np.ndarray, b: np.ndarray, groups: int, shape: List[int],
+             fields: Any, flip: Any) -> Value:
     """Neither 1 nor depthwise (ResNeXt, Wav2Vec2's positional convolution): TFLite's CONV_2D takes no groups
     that XNNPACK runs, so each group is a STRIDED_SLICE of the channels, a CONV_2D, and one CONCATENATION."""
     per_group, per_out = w.shape[1], w.shape[0] // groups
@@ -85,7 +93,7 @@ def _grouped(ctx: Lowering, x: Value, source: int, w: np.ndarray, b: np.ndarray,
         inputs = [part, ctx.writer.constant(w[outputs].transpose(0, 2, 3, 1)), ctx.writer.constant(b[outputs])]
         out = ctx.emit("CONV_2D", inputs, shape[:1] + [per_out] + shape[2:], layout.NHWC, "Conv2DOptions", **fields)
         parts.append(out.tensor)
-    return ctx.emit("CONCATENATION", parts, shape, layout.NHWC, "ConcatenationOptions", axis=3)
+    return ctx.emit("CONCATENATION", parts, shape, layout.NHWC, "ConcatenationOptions", flip=flip, axis=3)
 
 
 CONVERTERS = {aten.convolution.default: convolution}

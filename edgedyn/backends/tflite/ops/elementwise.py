@@ -6,7 +6,7 @@ import torch
 
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
-from edgedyn.backends.tflite.lowering import Lowering, Value, constant
+from edgedyn.backends.tflite.lowering import Lowering, Value, constant, mirrors
 from edgedyn.backends.tflite.ops.fusion import NONE, fused, fused_activation, hardswish_end
 from edgedyn.backends.tflite.ops.integers import cast
 
@@ -36,25 +36,37 @@ def elementwise(ctx: Lowering, op: str, operands: Sequence[Any], shape: Sequence
     (int + float, int32 + int64): tensors of another type are cast to it first."""
     rank = len(shape)
     perm = operand_layout(operands, rank)
+    flip = operand_flip(operands, rank)
     tensors = [v for v in operands if isinstance(v, Value) and v.dtype != np.bool_]
     common = np.result_type(*[v.dtype for v in tensors]) if tensors else np.dtype(np.float32)
     if np.dtype(dtype) != np.bool_:
         common = np.dtype(dtype)  # arithmetic: the result's own type
     operands = [cast(ctx, v, common) if isinstance(v, Value) and v.dtype not in (np.bool_, common) else v
                 for v in operands]
-    inputs = [_operand(ctx, v, rank, perm, common) for v in operands]
-    return ctx.emit(op, inputs, shape, perm, options, dtype, **fields)
+    inputs = [_operand(ctx, v, rank, perm, common, flip) for v in operands]
+    return ctx.emit(op, inputs, shape, perm, options, dtype, flip=flip, **fields)
 
 
-def _operand(ctx: Lowering, value: Any, rank: int, perm: layout.Perm, number_dtype: Any) -> int:
+def operand_flip(operands: Sequence[Any], rank: int) -> List[int]:
+    """The torch dims to compute back to front: those of the first computed full-rank operand that has any
+    (mirrored coordinates, ../mirror.py); the others are read the same way."""
+    for value in operands:
+        if isinstance(value, Value) and not value.is_constant and value.rank == rank and value.flip:
+            return sorted(value.flip)
+    return []
+
+
+def _operand(ctx: Lowering, value: Any, rank: int, perm: layout.Perm, number_dtype: Any,
+             flip: Sequence[int] = ()) -> int:
     if not isinstance(value, Value):
         return ctx.scalar(value, np.bool_ if isinstance(value, bool) else number_dtype)
     if value.rank == 0:
         return ctx.tensor(value)
     if perm == layout.identity(rank):
         # numpy and TFLite broadcast alike when both are in torch layout: no lifting needed
-        return ctx.tensor(value, layout.identity(value.rank))
-    return ctx.tensor(ctx.lift(value, rank), perm)
+        lead = rank - value.rank  # broadcasting aligns the last dims
+        return ctx.tensor(value, layout.identity(value.rank), [d - lead for d in flip if d >= lead])
+    return ctx.tensor(ctx.lift(value, rank), perm, flip)
 
 
 def _shape(node: Any) -> List[int]:
@@ -84,6 +96,7 @@ def _with_activation(ctx: Lowering, node: Any, op: str, a: Any, b: Any, options:
     return fused(ctx, produced, node, out)
 
 
+@mirrors
 def add(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
     """ADD; or, at the start of core ATen's hard-swish (x + 3, clamps, a product and a division), HARD_SWISH: one
     operator where the decomposition writes five (MobileNetV3-Large: 21 of them, each over a whole activation)."""
@@ -93,18 +106,22 @@ def add(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
     return _with_activation(ctx, node, "ADD", a, _scaled(ctx, node, b, alpha), "AddOptions")
 
 
+@mirrors
 def sub(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
     return _with_activation(ctx, node, "SUB", a, _scaled(ctx, node, b, alpha), "SubOptions")
 
 
+@mirrors
 def rsub(ctx: Lowering, node: Any, a: Any, b: Any, alpha: float = 1) -> Value:
     return binary(ctx, "SUB", b, _scaled(ctx, node, a, alpha), _shape(node), "SubOptions", _dtype(node))
 
 
+@mirrors
 def mul(ctx: Lowering, node: Any, a: Any, b: Any) -> Value:
     return _with_activation(ctx, node, "MUL", a, b, "MulOptions")
 
 
+@mirrors
 def div(ctx: Lowering, node: Any, a: Any, b: Any, rounding_mode: Optional[str] = None) -> Value:
     dtype = np.dtype(str(node.meta["val"].dtype).replace("torch.", ""))
     if rounding_mode == "floor" and dtype.kind in "iu":
@@ -120,14 +137,17 @@ def div(ctx: Lowering, node: Any, a: Any, b: Any, rounding_mode: Optional[str] =
     return binary(ctx, "DIV", a, b, _shape(node), "DivOptions")
 
 
+@mirrors
 def maximum(ctx: Lowering, node: Any, a: Any, b: Any) -> Value:
     return binary(ctx, "MAXIMUM", a, b, _shape(node))
 
 
+@mirrors
 def minimum(ctx: Lowering, node: Any, a: Any, b: Any) -> Value:
     return binary(ctx, "MINIMUM", a, b, _shape(node))
 
 
+@mirrors
 def pow_scalar(ctx: Lowering, node: Any, x: Value, exponent: float) -> Value:
     if exponent == 2:
         return binary(ctx, "MUL", x, x, _shape(node), "MulOptions")

@@ -37,6 +37,27 @@ def read_padding(size: int, kernel: int, stride: int, padding: int, dilation: in
     return padding, min(padding, max(0, last - (padding + size - 1)))
 
 
+def mirrored_padding(size: int, kernel: int, stride: int, padding: int, dilation: int = 1) -> Optional[Tuple[int, int]]:
+    """The (before, after) padding of one spatial dim in mirrored coordinates (the dim stored back to front, the
+    kernel flipped: ../mirror.py), where the first window reads as many padded rows as torch's last and the last
+    all of torch's first; None when torch's windows leave rows at the end unread, which would be rows to skip at
+    the start (a 1x1 convolution at stride 2 on an even size)."""
+    windows = (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+    before = (windows - 1) * stride + dilation * (kernel - 1) + 1 - size - padding
+    return (before, padding) if before >= 0 else None
+
+
+MIRRORED = (2, 3)  # the torch dims a mirrored window op stores back to front: NCHW's rows and columns
+
+
+def mirrorable(ctx: Lowering, shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+               padding: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether a window op on NCHW `shape` computes in mirrored coordinates: the lowering mirrors (../mirror.py)
+    and its windows start where torch's end on both spatial dims (`mirrored_padding`)."""
+    return ctx.mirror and all(mirrored_padding(shape[2 + i], kernel[i], stride[i], padding[i], dilation[i]) is not None
+                              for i in range(2))
+
+
 def zero_bordered(ctx: Lowering, x: int, shape: Sequence[int], pads: Sequence[Tuple[int, int]]) -> int:
     """NHWC `x` of `shape` with (before, after) rows and columns of zeros, as CONCATENATIONs with constant zeros:
     XNNPACK's fp16 inference (LiteRT 2.x) neither folds a PAD into the convolution after it, as it does in fp32,
@@ -58,7 +79,7 @@ def zero_bordered(ctx: Lowering, x: int, shape: Sequence[int], pads: Sequence[Tu
 
 def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
                     padding: Sequence[int], dilation: Sequence[int], pad_value: float = 0.0,
-                    same_ok: bool = True, quant: Optional[Any] = None) -> Tuple[int, int]:
+                    same_ok: bool = True, quant: Optional[Any] = None, mirrored: bool = False) -> Tuple[int, int]:
     """Torch's symmetric padding as TFLite's SAME or VALID: returns (input tensor, Padding enum).
 
     SAME pads after more than before when the total is odd (stride-2 convolutions with padding 1 hit this), so
@@ -66,16 +87,24 @@ def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequenc
     model marked for fp16 inference zero borders of what the op reads (`zero_bordered`).
     `shape` is the NCHW torch shape of x; `same_ok` says whether the op's SAME means padding with `pad_value`
     (convolution pads zeros, max pooling ignores the padding as -inf would, average pooling excludes it).
+    `mirrored`: x holds its rows and columns back to front (`mirrored_padding`, which the caller checked for).
     """
     if all(p == 0 for p in padding):
         return x, 1  # Padding.VALID
-    if same_ok and not explicit(shape, kernel, stride, padding, dilation):
-        return x, 0  # Padding.SAME
-    if ctx.fp16 and pad_value == 0.0 and quant is None:
+    if mirrored:
+        pairs = [mirrored_padding(shape[2 + i], kernel[i], stride[i], padding[i], dilation[i]) for i in range(2)]
+        if same_ok and pairs == [same_padding(shape[2 + i], kernel[i], stride[i], dilation[i]) for i in range(2)]:
+            return x, 0  # Padding.SAME: in mirrored coordinates torch's stride-2 padding often is
+        read = pairs  # type: List[Any]
+    else:
+        if same_ok and not explicit(shape, kernel, stride, padding, dilation):
+            return x, 0  # Padding.SAME
+        pairs = [(p, p) for p in padding]
         read = [read_padding(shape[2 + i], kernel[i], stride[i], padding[i], dilation[i]) for i in range(2)]
+    if ctx.fp16 and pad_value == 0.0 and quant is None:
         return zero_bordered(ctx, x, [shape[0], shape[2], shape[3], shape[1]], read), 1
-    pads = np.array([[0, 0], [padding[0], padding[0]], [padding[1], padding[1]], [0, 0]], dtype=np.int32)
-    padded = [shape[0], shape[2] + 2 * padding[0], shape[3] + 2 * padding[1], shape[1]]
+    pads = np.array([[0, 0], list(pairs[0]), list(pairs[1]), [0, 0]], dtype=np.int32)
+    padded = [shape[0], shape[2] + sum(pairs[0]), shape[3] + sum(pairs[1]), shape[1]]
     out = ctx.writer.tensor("pad", padded, np.int8 if quant is not None else np.float32, quant)
     if pad_value == MAX_POOL_FILL and quant is not None and int(quant.zero_point.reshape(-1)[0]) == -128:
         pad_value = 0.0  # the lowest int8 is then the zero point, the fill PAD writes (see MAX_POOL_FILL)

@@ -6,8 +6,8 @@ import torch
 
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
-from edgedyn.backends.tflite.lowering import Lowering, Value
-from edgedyn.backends.tflite.ops.padding import MAX_POOL_FILL, pair, spatial_padding
+from edgedyn.backends.tflite.lowering import Lowering, Value, mirrors
+from edgedyn.backends.tflite.ops.padding import MAX_POOL_FILL, MIRRORED, mirrorable, pair, spatial_padding
 from edgedyn.backends.tflite.writer import Quant
 from edgedyn.runtime.kernels.base import is_global_average
 
@@ -46,19 +46,28 @@ def never_negative(node: Any) -> bool:
     return False
 
 
+@mirrors
 def max_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int] = (),
                padding: Sequence[int] = (0,), dilation: Sequence[int] = (1,), ceil_mode: bool = False) -> Any:
     if any(d != 1 for d in pair(dilation)):
         raise Unsupported("dilated max pooling")
     kernel, stride, padding = window(node, x, kernel, stride, padding, ceil_mode)
     fill = 0.0 if never_negative(node.args[0]) else MAX_POOL_FILL
-    source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
-                                   pad_value=fill)
+    mirror = mirrorable(ctx, x.shape, kernel, stride, padding, (1, 1))
+    flip = MIRRORED if mirror else ()
+    source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC, flip), x.shape, kernel, stride, padding, (1, 1),
+                                   pad_value=fill, mirrored=mirror)
     out = ctx.emit("MAX_POOL_2D", [source], output_shape(node), layout.NHWC, "Pool2DOptions", padding=mode,
-                   stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1])
+                   stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1], flip=flip)
     return out, None  # no indices: getitem(…, 1) reports that
 
 
+@mirrors
+def max_pool2d_only(ctx: Lowering, node: Any, *args: Any, **kwargs: Any) -> Value:
+    return max_pool2d(ctx, node, *args, **kwargs)[0]
+
+
+@mirrors
 def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride: Sequence[int] = (),
                padding: Sequence[int] = (0,), ceil_mode: bool = False, count_include_pad: bool = True,
                divisor_override: Optional[int] = None) -> Value:
@@ -67,12 +76,16 @@ def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
     if x.rank == 4 and is_global_average(x.shape[2:], output_shape(node)[2:], pair(kernel), pair(padding)):
         return reduce(ctx, "MEAN", x, [2, 3], True)
     kernel, stride, padding = window(node, x, kernel, stride, padding, ceil_mode)
-    source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC), x.shape, kernel, stride, padding, (1, 1),
-                                   same_ok=not count_include_pad)
-    out = _average(ctx, source, output_shape(node), kernel, stride, mode)
+    mirror = mirrorable(ctx, x.shape, kernel, stride, padding, (1, 1))
+    flip = MIRRORED if mirror else ()
+    source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC, flip), x.shape, kernel, stride, padding, (1, 1),
+                                   same_ok=not count_include_pad, mirrored=mirror)
+    out = _average(ctx, source, output_shape(node), kernel, stride, mode, flip)
     if mode == 1 and any(padding) and not count_include_pad:
         scale = real_window_scale(x.shape[2:], kernel, stride, padding)
-        return ctx.emit("MUL", [out.tensor, ctx.writer.constant(scale)], out.shape, layout.NHWC, "MulOptions")
+        scale = np.ascontiguousarray(scale[:, ::-1, ::-1]) if mirror else scale
+        return ctx.emit("MUL", [out.tensor, ctx.writer.constant(scale)], out.shape, layout.NHWC, "MulOptions",
+                        flip=flip)
     return out
 
 
@@ -89,11 +102,12 @@ def real_window_scale(size: Sequence[int], kernel: Sequence[int], stride: Sequen
 
 
 def _average(ctx: Lowering, source: int, shape: List[int], kernel: Sequence[int], stride: Sequence[int],
-             mode: int) -> Value:
+             mode: int, flip: Sequence[int] = ()) -> Value:
     return ctx.emit("AVERAGE_POOL_2D", [source], shape, layout.NHWC, "Pool2DOptions", padding=mode,
-                    stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1])
+                    stride_h=stride[0], stride_w=stride[1], filter_height=kernel[0], filter_width=kernel[1], flip=flip)
 
 
+@mirrors
 def adaptive_avg_pool2d(ctx: Lowering, node: Any, x: Value, output_size: Sequence[int]) -> Value:
     """A mean for output 1x1, an average pool when the output size divides the input; nothing else."""
     size = pair(output_size)
@@ -102,8 +116,8 @@ def adaptive_avg_pool2d(ctx: Lowering, node: Any, x: Value, output_size: Sequenc
     if any(x.shape[2 + i] % size[i] for i in range(2)):
         raise Unsupported("adaptive pooling from {} to {}, which is not a fixed window".format(
             list(x.shape[2:]), size))
-    kernel = [x.shape[2 + i] // size[i] for i in range(2)]
-    return _average(ctx, ctx.tensor(x, layout.NHWC), output_shape(node), kernel, kernel, 1)
+    kernel = [x.shape[2 + i] // size[i] for i in range(2)]  # windows that tile the input: mirrored or not alike
+    return _average(ctx, ctx.tensor(x, layout.NHWC, x.flip), output_shape(node), kernel, kernel, 1, x.flip)
 
 
 def reduce(ctx: Lowering, op: str, x: Value, dims: Optional[Sequence[int]], keepdim: bool,
@@ -114,15 +128,17 @@ def reduce(ctx: Lowering, op: str, x: Value, dims: Optional[Sequence[int]], keep
     axes = [x.perm.index(d) for d in dims]
     if keepdim:
         shape = [1 if i in dims else n for i, n in enumerate(x.shape)]
-        perm = x.perm
+        perm, flip = x.perm, list(x.flip)  # a reduced dim has size 1: no longer flipped (Value)
     else:
         shape = [n for i, n in enumerate(x.shape) if i not in dims]
         perm = layout.drop_dims(x.perm, dims)
-    return ctx.emit(op, [ctx.tensor(x), ctx.ints(axes)], shape, perm, "ReducerOptions", x.dtype, quant,
-                    keep_dims=keepdim)
+        flip = [d - sum(1 for r in dims if r < d) for d in x.flip if d not in dims]
+    return ctx.emit(op, [ctx.tensor(x, x.perm, x.flip), ctx.ints(axes)], shape, perm, "ReducerOptions", x.dtype,
+                    quant, flip=flip, keep_dims=keepdim)
 
 
 def _reducer(op: str) -> Any:
+    @mirrors
     def convert(ctx: Lowering, node: Any, x: Value, dims: Optional[Sequence[int]] = None, keepdim: bool = False,
                 dtype: Any = None) -> Value:
         if dtype is not None and dtype != torch.float32:
@@ -134,7 +150,7 @@ def _reducer(op: str) -> Any:
 
 CONVERTERS = {
     aten.max_pool2d_with_indices.default: max_pool2d,
-    aten.max_pool2d.default: lambda ctx, node, *a, **k: max_pool2d(ctx, node, *a, **k)[0],
+    aten.max_pool2d.default: max_pool2d_only,
     aten.avg_pool2d.default: avg_pool2d,
     aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
     aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,

@@ -1,0 +1,62 @@
+"""Mirrored coordinates: a CNN's rows and columns stored back to front, so that torch's padding is TFLite's SAME.
+
+Torch pads every side of a convolution alike; TFLite's SAME pads what it must, the odd row after. At stride 2 on an
+even size (every downsampling 3x3 and 5x5 of the MobileNets, EfficientNets and ResNets' stems) torch's windows
+start one row earlier than SAME's, so each needs its zero borders written: a PAD, which XNNPACK folds into the
+convolution in fp32 but not under LiteRT's fp16 inference, or (ops/padding.py `zero_bordered`) two
+CONCATENATIONs, each a copy of the whole activation. Read back to front, the same windows start where SAME's do:
+the first window of the mirrored image is torch's last, which reads no padding at the end, and the last is torch's
+first, which reads all of it (ops/padding.py `mirrored_padding`). Convolutions then need their kernels flipped,
+and nothing else does: elementwise ops, activations and reductions over the image (a classifier's global average)
+do not care which way the rows run. The input is reversed once (REVERSE_V2 on its rows and columns before the
+TRANSPOSE into NHWC), and every op that does care (a reshape of the image, the graph's outputs) gets its input
+reversed back (lowering.py `_convert`, Value.flip).
+
+Whether that pays is a count of what each way copies: the lowering writes the file both ways and keeps the mirrored
+one when its REVERSE_V2s cost less than the borders they save (`mirror_pays`), with costs per element measured on
+the emulated Cortex-A76 (LiteRT 2.x, fp16 inference, one thread; benchmarks/README.md): about 1.0 instruction per
+element for each REVERSE_V2 (TFLite's own kernel, one axis each, on the fp32 input before XNNPACK's partition) and
+0.25 per element of a zero-bordered tensor (torchvision's MobileNetV2 at 224: borders of 4.24M elements cost 1.08M
+instructions per call, two reversals of its 150K-element input 0.30M). A REVERSE_V2 anywhere but on a graph input
+would split XNNPACK's partition, with conversions around TFLite's kernel: such a file is never kept (a ResNet's 1x1
+stride-2 shortcut, whose windows leave the last row unread, or transformers' TensorFlow-style explicit pads).
+"""
+from typing import Any, Tuple
+
+import numpy as np
+
+REVERSE_COST = 1.0  # instructions per element a REVERSE_V2 writes
+BORDER_COST = 0.25  # instructions per element a zero border's CONCATENATION writes (a PAD: more)
+
+
+def copies(ctx: Any) -> Tuple[float, bool]:
+    """(the instructions a lowered file spends on reversals and zero borders, by the costs above; whether every
+    REVERSE_V2 reads a graph input)."""
+    cost, inputs_only = 0.0, True
+    reversed_inputs = set(ctx.inputs)
+    for op in ctx.writer.operators:
+        if op.op == "REVERSE_V2":
+            cost += REVERSE_COST * _elements(ctx, op.outputs[0])
+            inputs_only = inputs_only and op.inputs[0] in reversed_inputs
+            reversed_inputs.add(op.outputs[0])  # the second axis' reversal reads the first's
+        elif op.op in ("CONCATENATION", "PAD", "PADV2") and _bordered(ctx, op):
+            cost += BORDER_COST * _elements(ctx, op.outputs[0])
+    return cost, inputs_only
+
+
+def mirror_pays(plain: Any, mirrored: Any) -> bool:
+    """Whether the mirrored lowering copies less than the plain one and keeps XNNPACK's partition whole."""
+    cost, inputs_only = copies(mirrored)
+    return inputs_only and cost < copies(plain)[0]
+
+
+def _elements(ctx: Any, tensor: int) -> int:
+    return int(np.prod(ctx.writer.shape(tensor)))
+
+
+def _bordered(ctx: Any, op: Any) -> bool:
+    """A PAD, or a CONCATENATION of constant zeros and an activation (ops/padding.py `zero_bordered`)."""
+    if op.op != "CONCATENATION":
+        return True
+    return any(ctx.writer.tensors[i][3] and not np.frombuffer(ctx.writer.buffers[ctx.writer.tensors[i][3]],
+                                                               np.uint8).any() for i in op.inputs)
