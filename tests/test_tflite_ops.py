@@ -434,6 +434,8 @@ MIRRORED_CASES = {
     "constant_image_added": (Shifted((8, 7)), (1, 3, 16, 13)),
     "channel_reductions": (Fn(lambda m, x: m[0](x).mean(1) + m[0](x).amax(1), conv(3, 8, stride=2, padding=1)),
                            (1, 3, 14, 18)),
+    "reduced_map_broadcast_back": (Fn(lambda m, x: m[0](x) * m[0](x).mean(1).sigmoid(),
+                                      conv(3, 8, stride=2, padding=1)), (1, 3, 14, 18)),
     "dilated_grouped_strided": (seq(conv(4, 8, padding=2, dilation=2, stride=2, groups=2)), (1, 4, 17, 16)),
     "rectangular": (seq(conv(k=(3, 1), stride=(2, 1), padding=(1, 0)), nn.ReLU(), conv(6, 6, k=(1, 5), padding=(0, 2),
                                                                                       stride=2)), IMG),

@@ -113,7 +113,8 @@ class Lowering:
     def torch_order(self, value: Value) -> int:
         """A tensor with `value`'s elements in torch's memory order, for ops that reinterpret the shape."""
         torch_layout = layout.identity(value.rank)
-        if not value.is_constant and layout.same_memory_order(value.shape, value.perm, torch_layout):
+        if not value.is_constant and not value.flip and layout.same_memory_order(value.shape, value.perm,
+                                                                                    torch_layout):
             return value.tensor
         return self.tensor(value, torch_layout)
 
