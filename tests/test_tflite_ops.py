@@ -415,7 +415,15 @@ def _excite(m: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     return m[5](x.mean((2, 3)))
 
 
+def _shortcut(m: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    """A ResNet downsampling block: its 1x1 stride-2 shortcut leaves the last row and column unread."""
+    x = F.relu(m[0](x))
+    return F.relu(m[3](F.relu(m[1](x))) + m[2](x)).mean((2, 3))
+
+
 MIRRORED_CASES = {
+    "shortcut_block": (Fn(_shortcut, conv(3, 96, stride=2, padding=1), conv(96, 96, stride=2, padding=1),
+                          conv(96, 96, k=1, stride=2), conv(96, 96, padding=1)), (1, 3, 32, 32)),
     "excite_classifier": (Fn(_excite, conv(3, 32, stride=2, padding=1), conv(32, 32, k=5, stride=2, padding=2,
                                                                             groups=32),
                              conv(32, 8, k=1), conv(8, 32, k=1), conv(32, 32, groups=32, padding=1), nn.Linear(32, 5)),
@@ -436,6 +444,10 @@ MIRRORED_CASES = {
                            (1, 3, 14, 18)),
     "reduced_map_broadcast_back": (Fn(lambda m, x: m[0](x) * m[0](x).mean(1).sigmoid(),
                                       conv(3, 8, stride=2, padding=1)), (1, 3, 14, 18)),
+    "channels_joined": (Fn(lambda m, x: torch.cat([m[0](x), m[1](m[0](x)).clone()], 1).relu(),
+                           conv(3, 8, stride=2, padding=1), conv(8, 8, groups=8, padding=1)), (1, 3, 16, 12)),
+    "rows_joined": (Fn(lambda m, x: torch.cat([m[0](x), m[1](m[0](x))], 2), conv(3, 8, stride=2, padding=1),
+                       conv(8, 8, groups=8, padding=1)), (1, 3, 16, 12)),
     "dilated_grouped_strided": (seq(conv(4, 8, padding=2, dilation=2, stride=2, groups=2)), (1, 4, 17, 16)),
     "rectangular": (seq(conv(k=(3, 1), stride=(2, 1), padding=(1, 0)), nn.ReLU(), conv(6, 6, k=(1, 5), padding=(0, 2),
                                                                                       stride=2)), IMG),
@@ -459,8 +471,9 @@ def test_mirrored_coordinates_match_torch(name: str, fp16: bool) -> None:
 
 def test_mirroring_is_kept_where_it_copies_less() -> None:
     """fp16 inference: a classifier whose stride-2 windows need zero borders computes mirrored, with its input
-    reversed (a REVERSE_V2 per axis) and no border at all; one whose image is its output does not (reversing the output
-    would split XNNPACK's partition), nor does anything in fp32, where XNNPACK folds the PADs."""
+    reversed (a REVERSE_V2 per axis) and no border at all (a ResNet block's 1x1 stride-2 shortcut skips its first
+    mirrored row and column instead); one whose image is its output does not (reversing the output would split
+    XNNPACK's partition), nor does anything in fp32, where XNNPACK folds the PADs."""
     model, shape = MIRRORED_CASES["excite_classifier"]
     model.eval()
     plain, _, _ = _lowered(model, shape, True, mirror=False)
@@ -470,6 +483,10 @@ def test_mirroring_is_kept_where_it_copies_less() -> None:
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
     ops, _, _ = _lowered(model, shape, False)
     assert "REVERSE_V2" not in ops and "PAD" in ops, ops
+    shortcut, shape = MIRRORED_CASES["shortcut_block"]
+    ops, got, want = _lowered(shortcut.eval(), shape, True)
+    assert ops.count("REVERSE_V2") == 2 and ops.count("STRIDED_SLICE") == 1 and "CONCATENATION" not in ops, ops
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
     image_out, shape = MIRRORED_CASES["downsampling_image_out"]
     ops, _, _ = _lowered(image_out.eval(), shape, True)
     assert "REVERSE_V2" not in ops and "CONCATENATION" in ops, ops

@@ -18,8 +18,9 @@ the emulated Cortex-A76 (LiteRT 2.x, fp16 inference, one thread; benchmarks/READ
 element for each REVERSE_V2 (TFLite's own kernel, one axis each, on the fp32 input before XNNPACK's partition) and
 0.25 per element of a zero-bordered tensor (torchvision's MobileNetV2 at 224: borders of 4.24M elements cost 1.08M
 instructions per call, two reversals of its 150K-element input 0.30M). A REVERSE_V2 anywhere but on a graph input
-would split XNNPACK's partition, with conversions around TFLite's kernel: such a file is never kept (a ResNet's 1x1
-stride-2 shortcut, whose windows leave the last row unread, or transformers' TensorFlow-style explicit pads).
+would split XNNPACK's partition, with conversions around TFLite's kernel: such a file is never kept (an image-shaped
+output, transformers' TensorFlow-style explicit pads, a channel shuffle). A window op whose windows leave rows at the
+end unread (a ResNet's 1x1 stride-2 shortcut) skips them at the start with a STRIDED_SLICE, counted as a border.
 """
 from typing import Any, Tuple
 
@@ -39,7 +40,7 @@ def copies(ctx: Any) -> Tuple[float, bool]:
             cost += REVERSE_COST * _elements(ctx, op.outputs[0])
             inputs_only = inputs_only and op.inputs[0] in reversed_inputs
             reversed_inputs.add(op.outputs[0])  # the second axis' reversal reads the first's
-        elif op.op in ("CONCATENATION", "PAD", "PADV2") and _bordered(ctx, op):
+        elif op.op in ("CONCATENATION", "PAD", "PADV2") and _bordered(ctx, op) or _cropped(ctx, op):
             cost += BORDER_COST * _elements(ctx, op.outputs[0])
     return cost, inputs_only
 
@@ -52,6 +53,11 @@ def mirror_pays(plain: Any, mirrored: Any) -> bool:
 
 def _elements(ctx: Any, tensor: int) -> int:
     return int(np.prod(ctx.writer.shape(tensor)))
+
+
+def _cropped(ctx: Any, op: Any) -> bool:
+    """The STRIDED_SLICE that skips rows no mirrored window reads (ops/padding.py `cropped`): a copy like a border."""
+    return op.op == "STRIDED_SLICE" and ctx.writer.tensors[op.outputs[0]][0].startswith("cropped_")
 
 
 def _bordered(ctx: Any, op: Any) -> bool:

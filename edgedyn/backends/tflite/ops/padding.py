@@ -37,25 +37,26 @@ def read_padding(size: int, kernel: int, stride: int, padding: int, dilation: in
     return padding, min(padding, max(0, last - (padding + size - 1)))
 
 
-def mirrored_padding(size: int, kernel: int, stride: int, padding: int, dilation: int = 1) -> Optional[Tuple[int, int]]:
+def mirrored_padding(size: int, kernel: int, stride: int, padding: int, dilation: int = 1) -> Tuple[int, int]:
     """The (before, after) padding of one spatial dim in mirrored coordinates (the dim stored back to front, the
     kernel flipped: ../mirror.py), where the first window reads as many padded rows as torch's last and the last
-    all of torch's first; None when torch's windows leave rows at the end unread, which would be rows to skip at
-    the start (a 1x1 convolution at stride 2 on an even size)."""
+    all of torch's first; a negative `before` is rows to skip, where torch's windows leave rows at the end unread
+    (a 1x1 convolution at stride 2 on an even size: one)."""
     windows = (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
-    before = (windows - 1) * stride + dilation * (kernel - 1) + 1 - size - padding
-    return (before, padding) if before >= 0 else None
+    return (windows - 1) * stride + dilation * (kernel - 1) + 1 - size - padding, padding
 
 
 MIRRORED = (2, 3)  # the torch dims a mirrored window op stores back to front: NCHW's rows and columns
 
 
-def mirrorable(ctx: Lowering, shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
-               padding: Sequence[int], dilation: Sequence[int]) -> bool:
-    """Whether a window op on NCHW `shape` computes in mirrored coordinates: the lowering mirrors (../mirror.py)
-    and its windows start where torch's end on both spatial dims (`mirrored_padding`)."""
-    return ctx.mirror and all(mirrored_padding(shape[2 + i], kernel[i], stride[i], padding[i], dilation[i]) is not None
-                              for i in range(2))
+def cropped(ctx: Lowering, x: int, shape: Sequence[int], skip: Sequence[int]) -> Tuple[int, List[int]]:
+    """(NHWC `x` of NCHW `shape` without its first `skip` rows and columns, as a STRIDED_SLICE; its NCHW shape)."""
+    size = [shape[0], shape[1], shape[2] - skip[0], shape[3] - skip[1]]
+    out = ctx.writer.tensor("cropped", [size[0], size[2], size[3], size[1]], np.float32)
+    ctx.writer.operator("STRIDED_SLICE", [x, ctx.ints([0, skip[0], skip[1], 0]),
+                                          ctx.ints([shape[0], shape[2], shape[3], shape[1]]), ctx.ints([1, 1, 1, 1])],
+                        [out], "StridedSliceOptions")
+    return out, size
 
 
 def zero_bordered(ctx: Lowering, x: int, shape: Sequence[int], pads: Sequence[Tuple[int, int]]) -> int:
@@ -87,12 +88,17 @@ def spatial_padding(ctx: Lowering, x: int, shape: Sequence[int], kernel: Sequenc
     model marked for fp16 inference zero borders of what the op reads (`zero_bordered`).
     `shape` is the NCHW torch shape of x; `same_ok` says whether the op's SAME means padding with `pad_value`
     (convolution pads zeros, max pooling ignores the padding as -inf would, average pooling excludes it).
-    `mirrored`: x holds its rows and columns back to front (`mirrored_padding`, which the caller checked for).
+    `mirrored`: x holds its rows and columns back to front (`mirrored_padding`; rows no window reads are cropped).
     """
+    if mirrored:
+        pairs = [mirrored_padding(shape[2 + i], kernel[i], stride[i], padding[i], dilation[i]) for i in range(2)]
+        skip = [max(0, -before) for before, _ in pairs]
+        if any(skip):
+            x, shape = cropped(ctx, x, shape, skip)
+            pairs = [(max(0, before), after) for before, after in pairs]
     if all(p == 0 for p in padding):
         return x, 1  # Padding.VALID
     if mirrored:
-        pairs = [mirrored_padding(shape[2 + i], kernel[i], stride[i], padding[i], dilation[i]) for i in range(2)]
         if same_ok and pairs == [same_padding(shape[2 + i], kernel[i], stride[i], dilation[i]) for i in range(2)]:
             return x, 0  # Padding.SAME: in mirrored coordinates torch's stride-2 padding often is
         read = pairs  # type: List[Any]

@@ -6,8 +6,8 @@ import torch
 
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
-from edgedyn.backends.tflite.lowering import Lowering, Value, constant
-from edgedyn.backends.tflite.ops.elementwise import operand_layout
+from edgedyn.backends.tflite.lowering import Lowering, Value, constant, mirrors
+from edgedyn.backends.tflite.ops.elementwise import operand_flip, operand_layout
 from edgedyn.backends.tflite.writer import Quant
 
 aten = torch.ops.aten
@@ -23,6 +23,7 @@ def reshape(ctx: Lowering, node: Any, x: Value, *args: Any, **kwargs: Any) -> Va
     return x if list(x.shape) == shape else ctx.reshape(x, shape)
 
 
+@mirrors
 def same(ctx: Lowering, node: Any, x: Value, *args: Any, **kwargs: Any) -> Value:
     """clone, alias, detach, contiguous: the value itself (_to_copy, which may cast, is in integers.py)."""
     dtype = kwargs.get("dtype")
@@ -122,15 +123,20 @@ def _contiguous(size: Sequence[int], stride: Sequence[int]) -> bool:
     return True
 
 
+@mirrors
 def cat(ctx: Lowering, node: Any, tensors: Sequence[Value], dim: int = 0, quant: Optional[Quant] = None) -> Value:
-    """CONCATENATION; `quant` is the int8 scale every part already has (ops/int8.py), None for float."""
+    """CONCATENATION; `quant` is the int8 scale every part already has (ops/int8.py), None for float. Mirrored
+    parts (ctx.mirror) stay mirrored unless they are joined along a mirrored dim, whose parts would swap places."""
     shape = _shape(node)
     dim = dim % len(shape)
     parts = [t for t in tensors if t.shape[dim] != 0 or t.rank != len(shape)]
     perm = operand_layout(parts, len(shape))
-    inputs = [ctx.tensor(t, perm) for t in parts]
+    flip = operand_flip(parts, len(shape))
+    flip = [] if dim in flip else flip
+    inputs = [ctx.tensor(t, perm, flip) for t in parts]
     dtype = np.int8 if quant is not None else np.dtype(str(node.meta["val"].dtype).replace("torch.", ""))
-    return ctx.emit("CONCATENATION", inputs, shape, perm, "ConcatenationOptions", dtype, quant, axis=perm.index(dim))
+    return ctx.emit("CONCATENATION", inputs, shape, perm, "ConcatenationOptions", dtype, quant, flip=flip,
+                    axis=perm.index(dim))
 
 
 CONVERTERS = {
