@@ -60,7 +60,7 @@ def _conv2d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: List[
     mirror = mirror and not same and ctx.mirror
     flip = MIRRORED if mirror else ()
     if mirror:
-        w = np.ascontiguousarray(w[:, :, ::-1, ::-1])
+        w = np.asarray(w[:, :, ::-1, ::-1], order="C")
     source = ctx.tensor(x, layout.NHWC, flip)
     source, mode = ((source, 0) if same else
                     spatial_padding(ctx, source, x.shape, (kh, kw), stride, padding, dilation, mirrored=mirror))

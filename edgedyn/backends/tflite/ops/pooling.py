@@ -83,7 +83,7 @@ def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
     out = _average(ctx, source, output_shape(node), kernel, stride, mode, flip)
     if mode == 1 and any(padding) and not count_include_pad:
         scale = real_window_scale(x.shape[2:], kernel, stride, padding)
-        scale = np.ascontiguousarray(scale[:, ::-1, ::-1]) if mirror else scale
+        scale = np.asarray(scale[:, ::-1, ::-1], order="C") if mirror else scale
         return ctx.emit("MUL", [out.tensor, ctx.writer.constant(scale)], out.shape, layout.NHWC, "MulOptions",
                         flip=flip)
     return out
