@@ -207,12 +207,17 @@ def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any,
     coordinates where that copies less (mirror.py; `mirror` True or False decides instead)."""
     from edgedyn.backends.tflite.mirror import mirror_pays
 
-    fp16 = (metadata or {}).get(REDUCED_PRECISION_KEY) == FP16_INFERENCE
-    _check_supported(program.graph_module.graph, _parameters(program), converters, alternatives)
-    lowered = lambda mirrored: _lowered(program, converters, alternatives, Lowering(  # noqa: E731
-        quantize, ranges, int8_converters if quantize == "int8" else None, fp16), mirrored)
     if mirror and quantize:
         raise ValueError("mirrored coordinates are for float files")
+    fp16 = (metadata or {}).get(REDUCED_PRECISION_KEY) == FP16_INFERENCE
+    parameters = _parameters(program)
+    _check_supported(program.graph_module.graph, parameters, converters, alternatives)
+
+    def lowered(mirrored: bool) -> Lowering:
+        ctx = Lowering(quantize, ranges, int8_converters if quantize == "int8" else None, fp16)
+        ctx.mirror = mirrored
+        return _lowered(program, parameters, converters, alternatives, ctx)
+
     ctx = lowered(False) if not mirror else None
     if mirror or (mirror is None and fp16 and not quantize):
         mirrored = lowered(True)
@@ -229,11 +234,9 @@ def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any,
     return model, facts
 
 
-def _lowered(program: Any, converters: Dict[Any, Converter], alternatives: List[str], ctx: Lowering,
-             mirror: bool) -> Lowering:
+def _lowered(program: Any, parameters: Dict[str, np.ndarray], converters: Dict[Any, Converter],
+             alternatives: List[str], ctx: Lowering) -> Lowering:
     """`ctx` with the program's operators written, its graph inputs and outputs in `ctx.inputs`, `ctx.outputs`."""
-    ctx.mirror = mirror
-    parameters = _parameters(program)
     values = {}  # type: Dict[fx.Node, Any]
     for node in program.graph_module.graph.nodes:
         if node.op == "placeholder":

@@ -40,7 +40,7 @@ def copies(ctx: Any) -> Tuple[float, bool]:
             cost += REVERSE_COST * _elements(ctx, op.outputs[0])
             inputs_only = inputs_only and op.inputs[0] in reversed_inputs
             reversed_inputs.add(op.outputs[0])  # the second axis' reversal reads the first's
-        elif op.op in ("CONCATENATION", "PAD", "PADV2") and _bordered(ctx, op) or _cropped(ctx, op):
+        elif op.op in ("PAD", "PADV2") or _writes(ctx, op, ("bordered_", "cropped_")):
             cost += BORDER_COST * _elements(ctx, op.outputs[0])
     return cost, inputs_only
 
@@ -55,14 +55,7 @@ def _elements(ctx: Any, tensor: int) -> int:
     return int(np.prod(ctx.writer.shape(tensor)))
 
 
-def _cropped(ctx: Any, op: Any) -> bool:
-    """The STRIDED_SLICE that skips rows no mirrored window reads (ops/padding.py `cropped`): a copy like a border."""
-    return op.op == "STRIDED_SLICE" and ctx.writer.tensors[op.outputs[0]][0].startswith("cropped_")
-
-
-def _bordered(ctx: Any, op: Any) -> bool:
-    """A PAD, or a CONCATENATION of constant zeros and an activation (ops/padding.py `zero_bordered`)."""
-    if op.op != "CONCATENATION":
-        return True
-    return any(ctx.writer.tensors[i][3] and not np.frombuffer(ctx.writer.buffers[ctx.writer.tensors[i][3]],
-                                                               np.uint8).any() for i in op.inputs)
+def _writes(ctx: Any, op: Any, names: Tuple[str, ...]) -> bool:
+    """Whether `op` writes a tensor named as ops/padding.py names a zero border (`zero_bordered`: a CONCATENATION
+    with zeros) or the rows a mirrored window skips (`cropped`: a STRIDED_SLICE), each a copy of the activation."""
+    return ctx.writer.tensors[op.outputs[0]][0].startswith(names)
