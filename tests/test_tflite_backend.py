@@ -168,6 +168,20 @@ def test_missing_litert_names_the_install_command(tflite_bundle, monkeypatch):
     assert caught.value.hint.startswith("pip install 'edgedyn[litert]'")
 
 
+def test_a_file_reversing_both_axes_at_once_is_refused_on_tflite_runtime(monkeypatch):
+    """tflite-runtime reverses only the first axis of a REVERSE_V2 given several (mirror.py): a file exported for a
+    board with LiteRT says so in its manifest, and the executor refuses it there rather than compute wrong."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from edgedyn.runtime.executors import litert
+
+    monkeypatch.setattr(litert, "_interpreter_class", lambda: (Interpreter, "tflite-runtime"))
+    with pytest.raises(rt.MissingDependencyError) as caught:
+        litert.LiteRtExecutor(None, {litert.REVERSES_AT_ONCE: True, "files": {"model": "model/model.tflite"}}, {})
+    assert "reverses rows and columns in one REVERSE_V2, which tflite-runtime computes wrong" in caught.value.message
+    assert "ai-edge-litert" in caught.value.hint
+
+
 def test_threads_option_reaches_the_interpreter(tflite_bundle):
     program = rt.load(tflite_bundle("tiny_cnn"), threads=1)
     described = program.specializations[0].executor.describe()

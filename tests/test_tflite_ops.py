@@ -296,10 +296,11 @@ def test_op_matches_torch(name: str, tmp_path) -> None:
 
 
 def _lowered(model: nn.Module, shape: Tuple[int, ...], fp16: bool, tensors: Any = None,
-             mirror: Any = None) -> Tuple[Sequence[str], "np.ndarray", "np.ndarray"]:
+             mirror: Any = None, at_once: bool = False) -> Tuple[Sequence[str], "np.ndarray", "np.ndarray"]:
     """(operators in order, LiteRT's output, torch's) for `model` lowered as the tflite backend does, run on a fresh
     input (an fp16-marked model computes in fp32 on a CPU without fp16 arithmetic, as on this host); `tensors`, a
-    list, gets the file's (name, shape) pairs; `mirror` True or False decides mirrored coordinates (mirror.py)."""
+    list, gets the file's (name, shape) pairs; `mirror` True or False decides mirrored coordinates (mirror.py),
+    `at_once` reverses their rows and columns in one REVERSE_V2."""
     from ai_edge_litert.interpreter import Interpreter
 
     from edgedyn.backends.tflite import FP16_INFERENCE, REDUCED_PRECISION_KEY
@@ -310,7 +311,8 @@ def _lowered(model: nn.Module, shape: Tuple[int, ...], fp16: bool, tensors: Any 
 
     (spec,) = edgedyn.capture(model, (torch.randn(*shape),)).specializations
     tflite, _ = lower_program(run_pipeline(spec.program, "default"), CONVERTERS, general_backends(),
-                              metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None, mirror=mirror)
+                              metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None, mirror=mirror,
+                              reverse_at_once=at_once)
     interpreter = Interpreter(model_content=tflite, num_threads=1)
     ops = [op["op_name"] for op in interpreter._get_ops_details()]
     if tensors is not None:
@@ -454,19 +456,34 @@ MIRRORED_CASES = {
 }
 
 
-@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("fp16,at_once", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("name", sorted(MIRRORED_CASES))
-def test_mirrored_coordinates_match_torch(name: str, fp16: bool) -> None:
+def test_mirrored_coordinates_match_torch(name: str, fp16: bool, at_once: bool) -> None:
     """Rows and columns back to front, kernels flipped (mirror.py): every window op, padding, reduction, constant
-    and output a CNN has, read the right way round on a fresh input."""
+    and output a CNN has, read the right way round on a fresh input, one axis per REVERSE_V2 and both at once."""
     model, shape = MIRRORED_CASES[name]
     model.eval()
-    ops, got, want = _lowered(model, shape, fp16, mirror=True)
+    ops, got, want = _lowered(model, shape, fp16, mirror=True, at_once=at_once)
     assert "REVERSE_V2" in ops, ops
     assert got.shape == want.shape
     scale = float(np.abs(want).max())
     assert scale > 0
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * scale + 1e-6)
+
+
+@pytest.mark.parametrize("at_once", [False, True])
+def test_a_flip_of_several_axes_reverses_them_as_the_boards_litert_can(at_once: bool) -> None:
+    """torch.flip over rows and columns: one REVERSE_V2 for a board whose LiteRT reverses several axes at once,
+    one per axis otherwise (tflite-runtime reverses only the first axis it is given), the same values either way."""
+    model = Fn(lambda m, x: torch.flip(m[0](x), [2, 3]) * m[0](x), conv(3, 6, padding=1))
+    ops, got, want = _lowered(model.eval(), (1, 3, 9, 7), False, mirror=False, at_once=at_once)
+    assert ops.count("REVERSE_V2") == (1 if at_once else 2), ops
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+    # no dims: no REVERSE_V2 at all (LiteRT crashes the process on one without axes; the export's own check ran it)
+    model = Fn(lambda m, x: torch.flip(m[0](x), []) + 1, conv(3, 6, padding=1))
+    ops, got, want = _lowered(model.eval(), (1, 3, 9, 7), False, mirror=False, at_once=at_once)
+    assert "REVERSE_V2" not in ops, ops
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
 
 
 def test_mirroring_is_kept_where_it_copies_less() -> None:
@@ -486,6 +503,9 @@ def test_mirroring_is_kept_where_it_copies_less() -> None:
     shortcut, shape = MIRRORED_CASES["shortcut_block"]
     ops, got, want = _lowered(shortcut.eval(), shape, True)
     assert ops.count("REVERSE_V2") == 2 and ops.count("STRIDED_SLICE") == 1 and "CONCATENATION" not in ops, ops
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+    ops, got, want = _lowered(model, shape, True, at_once=True)  # LiteRT: one REVERSE_V2 of both axes
+    assert ops[0] == "REVERSE_V2" and ops.count("REVERSE_V2") == 1 and "CONCATENATION" not in ops, ops
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
     image_out, shape = MIRRORED_CASES["downsampling_image_out"]
     ops, _, _ = _lowered(image_out.eval(), shape, True)

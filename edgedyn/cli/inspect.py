@@ -152,6 +152,10 @@ def _reduced(artifact: Dict[str, Any]) -> None:
     mixed = fp32_layers_words(artifact)
     if mixed:
         out.print("           {} (a mixed artifact)".format(mixed))
+    if artifact.get("tflite_mirrored"):  # backends/tflite/mirror.py
+        out.print("  layout   mirrored: rows and columns back to front, the input reversed {}".format(
+            "in one REVERSE_V2 (needs ai-edge-litert)" if artifact.get("tflite_reverses_axes_at_once")
+            else "one axis at a time"))
 
 
 def _no_gpu_code(record: Dict[str, Any], shown: int = 10) -> None:

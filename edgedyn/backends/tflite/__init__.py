@@ -26,8 +26,11 @@ def lower(build: Build) -> Artifact:
     alternatives = general_backends()
     if quantization is None:
         fp16 = build.precision == "fp16"
+        # ai-edge-litert, on Python >= 3.10 (pyproject's litert extra), reverses several axes in one REVERSE_V2
+        at_once = tuple(int(part) for part in build.board.python.split(".")[:2]) >= (3, 10)
         model, facts = lower_program(program, CONVERTERS, alternatives,
-                                     metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None)
+                                     metadata={REDUCED_PRECISION_KEY: FP16_INFERENCE} if fp16 else None,
+                                     reverse_at_once=at_once)
         if fp16:
             facts["reduced_precision_support"] = FP16_INFERENCE.decode()
         return _artifact(model, facts, target, None if fp16 else dict(FP32_TOLERANCE))

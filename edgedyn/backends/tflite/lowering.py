@@ -69,6 +69,7 @@ class Lowering:
         self.fused = {}  # type: Dict[fx.Node, Any]  # activation node -> the Value of the op it was fused into
         self.same = set()  # type: Set[fx.Node]  # convolutions whose input PAD is their SAME padding (ops/pad.py)
         self.mirror = False  # convolutions and pooling compute in mirrored coordinates (mirror.py)
+        self.reverse_at_once = False  # one REVERSE_V2 over every axis it reverses (LiteRT; not tflite-runtime)
         self.inputs = []  # type: List[int]  # the graph's input and output tensors, once lowered
         self.outputs = []  # type: List[int]
 
@@ -86,12 +87,10 @@ class Lowering:
         key = (perm, flip)
         if key not in value.relayouts:
             source = value.tensor
-            # one axis per REVERSE_V2: tflite-runtime before multi-axis support (Python 3.8 boards) logs and then
-            # reverses only the first axis it is given
-            for axis in sorted(value.perm.index(d) for d in flip ^ value.flip):
+            for group in self.reverse_groups(sorted(value.perm.index(d) for d in flip ^ value.flip)):
                 reversed_ = self.writer.tensor("mirrored", layout.stored_shape(value.shape, value.perm), value.dtype,
                                                value.quant)
-                self.writer.operator("REVERSE_V2", [source, self.ints([axis])], [reversed_])
+                self.writer.operator("REVERSE_V2", [source, self.ints(group)], [reversed_])
                 source = reversed_
             out = source
             if perm != value.perm:
@@ -103,6 +102,11 @@ class Lowering:
                                          [out], "TransposeOptions")
             value.relayouts[key] = out
         return value.relayouts[key]
+
+    def reverse_groups(self, axes: Sequence[int]) -> List[List[int]]:
+        """The stored axes of a reversal, per REVERSE_V2: all in one where the board's LiteRT takes several, one each
+        otherwise (tflite-runtime, on Python < 3.10 boards, logs and then reverses only the first of several)."""
+        return [list(axes)] if self.reverse_at_once and axes else [[axis] for axis in axes]
 
     def unflipped(self, value: Value) -> Value:
         """`value` in torch's order of rows and columns, for converters that do not mirror."""
@@ -201,11 +205,13 @@ def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any,
                   ranges: Optional[Dict[str, Tuple[float, float]]] = None,
                   int8_converters: Optional[Dict[Any, Converter]] = None,
                   metadata: Optional[Dict[str, bytes]] = None,
-                  mirror: Optional[bool] = None) -> Tuple[bytes, Dict[str, Any]]:
+                  mirror: Optional[bool] = None, reverse_at_once: bool = False) -> Tuple[bytes, Dict[str, Any]]:
     """The .tflite bytes for `program`, with its inputs and outputs in torch layout, and facts for the manifest;
     `metadata` marked for XNNPACK's fp16 inference (writer.py) makes the converters write for it, and in mirrored
-    coordinates where that copies less (mirror.py; `mirror` True or False decides instead)."""
-    from edgedyn.backends.tflite.mirror import mirror_pays
+    coordinates where that copies less (mirror.py; `mirror` True or False decides instead), reversing rows and
+    columns in one REVERSE_V2 with `reverse_at_once` (a board whose LiteRT reverses several axes at once)."""
+    from edgedyn.backends.tflite.mirror import mirror_pays, reverses_axes_at_once
+    from edgedyn.runtime.executors.litert import REVERSES_AT_ONCE
 
     if mirror and quantize:
         raise ValueError("mirrored coordinates are for float files")
@@ -215,7 +221,7 @@ def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any,
 
     def lowered(mirrored: bool) -> Lowering:
         ctx = Lowering(quantize, ranges, int8_converters if quantize == "int8" else None, fp16)
-        ctx.mirror = mirrored
+        ctx.mirror, ctx.reverse_at_once = mirrored, reverse_at_once
         return _lowered(program, parameters, converters, alternatives, ctx)
 
     ctx = lowered(False) if not mirror else None
@@ -229,6 +235,8 @@ def lower_program(program: "torch.export.ExportedProgram", converters: Dict[Any,
     facts = {"tflite_ops": ops, "tflite_operators": len(ctx.writer.operators)}  # type: Dict[str, Any]
     if ctx.mirror:
         facts["tflite_mirrored"] = True
+    if reverses_axes_at_once(ctx):
+        facts[REVERSES_AT_ONCE] = True
     if quantize:
         facts["weight_bytes"] = sum(len(b) for b in ctx.writer.buffers)
     return model, facts

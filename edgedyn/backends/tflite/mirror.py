@@ -15,18 +15,21 @@ reversed back (lowering.py `_convert`, Value.flip).
 Whether that pays is a count of what each way copies: the lowering writes the file both ways and keeps the mirrored
 one when its REVERSE_V2s cost less than the borders they save (`mirror_pays`), with costs per element measured on
 the emulated Cortex-A76 (LiteRT 2.x, fp16 inference, one thread; benchmarks/README.md): about 1.0 instruction per
-element for each REVERSE_V2 (TFLite's own kernel, one axis each, on the fp32 input before XNNPACK's partition) and
-0.25 per element of a zero-bordered tensor (torchvision's MobileNetV2 at 224: borders of 4.24M elements cost 1.08M
-instructions per call, two reversals of its 150K-element input 0.30M). A REVERSE_V2 anywhere but on a graph input
-would split XNNPACK's partition, with conversions around TFLite's kernel: such a file is never kept (an image-shaped
-output, transformers' TensorFlow-style explicit pads, a channel shuffle). A window op whose windows leave rows at the
-end unread (a ResNet's 1x1 stride-2 shortcut) skips them at the start with a STRIDED_SLICE, counted as a border.
+element for a REVERSE_V2 of one axis and 1.3 for one of both (TFLite's own kernel, on the fp32 input before XNNPACK's
+partition), and 0.25 per element of a zero-bordered tensor (torchvision's MobileNetV2 at 224: borders of 4.24M
+elements cost 1.08M instructions per call, reversing its 150K-element input 0.30M one axis at a time, 0.20M both at
+once). Both at once needs LiteRT: tflite-runtime, which Python < 3.10 boards run, reverses only the first of the
+axes it is given (lowering.py `reverse_at_once`; the executor refuses such a file there). A REVERSE_V2 anywhere but
+on a graph input would split XNNPACK's partition, with conversions around TFLite's kernel: such a file is never
+kept (an image-shaped output, transformers' TensorFlow-style explicit pads, a channel shuffle). A window op whose
+windows leave rows at the end unread (a ResNet's 1x1 stride-2 shortcut) skips them at the start with a
+STRIDED_SLICE, counted as a border.
 """
 from typing import Any, Tuple
 
 import numpy as np
 
-REVERSE_COST = 1.0  # instructions per element a REVERSE_V2 writes
+REVERSE_COST = {1: 1.0, 2: 1.3}  # instructions per element a REVERSE_V2 of that many axes writes
 BORDER_COST = 0.25  # instructions per element a zero border's CONCATENATION writes (a PAD: more)
 
 
@@ -37,7 +40,7 @@ def copies(ctx: Any) -> Tuple[float, bool]:
     reversed_inputs = set(ctx.inputs)
     for op in ctx.writer.operators:
         if op.op == "REVERSE_V2":
-            cost += REVERSE_COST * _elements(ctx, op.outputs[0])
+            cost += REVERSE_COST[min(_axes(ctx, op), 2)] * _elements(ctx, op.outputs[0])
             inputs_only = inputs_only and op.inputs[0] in reversed_inputs
             reversed_inputs.add(op.outputs[0])  # the second axis' reversal reads the first's
         elif op.op in ("PAD", "PADV2") or _writes(ctx, op, ("bordered_", "cropped_")):
@@ -49,6 +52,15 @@ def mirror_pays(plain: Any, mirrored: Any) -> bool:
     """Whether the mirrored lowering copies less than the plain one and keeps XNNPACK's partition whole."""
     cost, inputs_only = copies(mirrored)
     return inputs_only and cost < copies(plain)[0]
+
+
+def reverses_axes_at_once(ctx: Any) -> bool:
+    """Whether a lowered file has a REVERSE_V2 of more than one axis."""
+    return any(op.op == "REVERSE_V2" and _axes(ctx, op) > 1 for op in ctx.writer.operators)
+
+
+def _axes(ctx: Any, op: Any) -> int:
+    return _elements(ctx, op.inputs[1])
 
 
 def _elements(ctx: Any, tensor: int) -> int:

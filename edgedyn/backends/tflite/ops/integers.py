@@ -54,10 +54,12 @@ def gather(ctx: Lowering, node: Any, x: Value, dim: int, index: Value, sparse_gr
 
 
 def flip(ctx: Lowering, node: Any, x: Value, dims: Any) -> Value:
-    """REVERSE_V2 along the stored positions of the flipped torch dims (the layout stays)."""
-    axes = sorted(x.perm.index(int(d) % x.rank) for d in dims)
-    return ctx.emit("REVERSE_V2", [ctx.tensor(x), ctx.writer.constant(np.asarray(axes, np.int32))], x.shape, x.perm,
-                    "ReverseV2Options", x.dtype)
+    """REVERSE_V2 along the stored positions of the flipped torch dims (the layout stays), as many as the board's
+    LiteRT needs (Lowering.reverse_groups); no dims: x itself (LiteRT crashes on a REVERSE_V2 without axes)."""
+    out = x
+    for group in ctx.reverse_groups(sorted({x.perm.index(int(d) % x.rank) for d in dims})):
+        out = ctx.emit("REVERSE_V2", [ctx.tensor(out), ctx.ints(group)], x.shape, x.perm, "ReverseV2Options", x.dtype)
+    return out
 
 
 def repeat(ctx: Lowering, node: Any, x: Value, repeats: Any) -> Value:
