@@ -383,6 +383,25 @@ def test_a_tflite_tensor_grown_by_tampering_is_refused_before_litert_allocates(e
         rt.load(path)
 
 
+def test_a_tflite_reverse_without_an_axis_is_refused_before_litert_crashes_on_it(export_example, tmp_path):
+    """LiteRT 2.x segfaults on a REVERSE_V2 whose axis tensor has no element (found by crafting the integer inputs
+    of reversals, transposes, reshapes, slices, gathers, pads, tiles, means and concatenations: the one crash)."""
+    from edgedyn.backends.tflite.writer import ModelWriter
+
+    def reverse_nothing(name, data):
+        if not name.endswith(".tflite"):
+            return data
+        writer = ModelWriter()
+        x, out = writer.tensor("x", [1, 3, 64, 64]), writer.tensor("out", [1, 3, 64, 64])
+        writer.operator("REVERSE_V2", [x, writer.constant(np.zeros(0, np.int32))], [out])
+        return writer.finish([x], [out], "crafted", None)
+
+    path = _reseal(export_example("tiny_cnn", backend="tflite"), tmp_path / "crafted.edgedyn", reverse_nothing)
+    with pytest.raises(rt.BundleError, match=r"model\.tflite has a REVERSE_V2 with no axis \(subgraph 0, operator 0\) "
+                                             r"\(LiteRT would crash on it\)"):
+        rt.load(path)
+
+
 # ---- signatures: only bundles signed by a trusted key open, checked before anything is parsed ---------------------
 def _signed_copy(source: Path, tmp_path: Path, name: str = "signed.edgedyn"):
     from edgedyn.bundle import sign_bundle

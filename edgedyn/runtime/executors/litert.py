@@ -151,10 +151,13 @@ def _check_tensor_bytes(model: bytes, declared: Optional[int], bundle: Any, memb
     still run. The declared total must stay near what the manifest says the graph needs (its unplanned tensors,
     plus the weights the file itself holds; measured 1.5x and 1.9x on tiny_cnn and transformer_block)."""
     try:
-        needed = tflite_tensor_bytes(model)
+        needed, crashing = tflite_tensor_bytes(model)
     except (ValueError, IndexError, struct.error) as error:
         raise BundleError("bundle {}: {} is not a readable TFLite flatbuffer ({})".format(
             bundle.path, member, schema.short(str(error))), hint=schema.HINT)
+    if crashing:
+        raise BundleError("bundle {}: {} has {} (LiteRT would crash on it)".format(
+            bundle.path, member, schema.bounded(crashing)), hint=schema.HINT)
     limit = 4 * ((declared if declared is not None else 16 * len(model)) + len(model)) + (1 << 20)
     if needed > limit:
         raise BundleError("bundle {}: {} declares tensors of {} bytes, far above the {} its manifest allows".format(
@@ -164,11 +167,13 @@ def _check_tensor_bytes(model: bytes, declared: Optional[int], bundle: Any, memb
 # The TFLite flatbuffer read before LiteRT sees it: what its tensors will allocate.
 # Bytes per element of each TFLite TensorType (schema.fbs order); unknown types count as 16 bytes.
 _TFLITE_ITEM = (4, 2, 4, 1, 8, 1, 1, 2, 8, 1, 8, 16, 8, 1, 1, 4, 2, 1)
+_REVERSE_V2 = 105  # BuiltinOperator: LiteRT 2.x dereferences past the axis tensor when it has no element
 
 
-def tflite_tensor_bytes(data: bytes) -> int:
-    """The bytes every tensor of every subgraph declares (shape x type), read straight from the flatbuffer with each
-    offset bounds-checked; raises ValueError for a file whose tables point outside it."""
+def tflite_tensor_bytes(data: bytes) -> Tuple[int, List[str]]:
+    """The bytes every tensor of every subgraph declares (shape x type), and the operators LiteRT is known to crash
+    on (a REVERSE_V2 without an axis: found by crafting each op's integer inputs), read straight from the flatbuffer
+    with each offset bounds-checked; raises ValueError for a file whose tables point outside it."""
     def u32(position: int) -> int:
         return struct.unpack_from("<I", data, position)[0]
 
@@ -194,20 +199,36 @@ def tflite_tensor_bytes(data: bytes) -> int:
         start, count = vector(position)
         return [start + 4 * i + u32(start + 4 * i) for i in range(count)]
 
-    total = 0
-    for subgraph in tables(u32(0), 2):  # Model.subgraphs
-        for tensor in tables(subgraph, 0):  # SubGraph.tensors
-            shape, kind = field(tensor, 0), field(tensor, 1)
+    def ints(position: int) -> List[int]:
+        if not position:
+            return []
+        start, count = vector(position)
+        return [struct.unpack_from("<i", data, start + 4 * i)[0] for i in range(count)]
+
+    # OperatorCode.builtin_code (an int32), else its deprecated byte for files that predate it
+    codes = [struct.unpack_from("<i", data, field(code, 3))[0] if field(code, 3) else
+             (data[field(code, 0)] if field(code, 0) else 0) for code in tables(u32(0), 1)]
+    total, crashing = 0, []  # type: Tuple[int, List[str]]
+    for number, subgraph in enumerate(tables(u32(0), 2)):  # Model.subgraphs
+        empty = set()  # tensors with no element
+        for index, tensor in enumerate(tables(subgraph, 0)):  # SubGraph.tensors
+            shape, kind = ints(field(tensor, 0)), field(tensor, 1)
+            if len(shape) > schema.MAX_RANK:
+                raise ValueError("a tensor of rank {}".format(len(shape)))
+            if 0 in shape:
+                empty.add(index)
             count = 1
-            if shape:
-                start, rank = vector(shape)
-                if rank > schema.MAX_RANK:
-                    raise ValueError("a tensor of rank {}".format(rank))
-                for i in range(rank):
-                    count *= max(struct.unpack_from("<i", data, start + 4 * i)[0], 1)
+            for dim in shape:
+                count *= max(dim, 1)
             item = data[kind] if kind else 0
             total += count * (_TFLITE_ITEM[item] if item < len(_TFLITE_ITEM) else 16)
-    return total
+        for position, operator in enumerate(tables(subgraph, 3)):  # SubGraph.operators
+            opcode, inputs = field(operator, 0), ints(field(operator, 1))
+            index = u32(opcode) if opcode else 0  # a flatbuffer leaves a field at its default (0) out
+            code = codes[index] if index < len(codes) else None
+            if code == _REVERSE_V2 and len(inputs) > 1 and inputs[1] in empty:
+                crashing.append("a REVERSE_V2 with no axis (subgraph {}, operator {})".format(number, position))
+    return total, crashing
 
 
 def _version(package: str) -> str:
