@@ -98,3 +98,19 @@ def _random(record: Any) -> Any:
     import numpy as np
 
     return np.random.default_rng(1).standard_normal(record["shape"]).astype(record["dtype"])
+
+
+def test_crafted_tflite_operators_that_crash_litert_are_refused_by_the_reader() -> None:
+    """scripts/fuzz_tflite_ops.py, bounded: single-operator files with crafted integer inputs, each run by LiteRT in
+    a process of its own; a file that crashes LiteRT must be one the runtime's reader refuses (exit status 0), and
+    this seed's 16 reversals include one that crashes it (a REVERSE_V2 without an axis)."""
+    import subprocess
+    import sys
+
+    from conftest import require_module
+
+    require_module("ai_edge_litert", "LiteRT runs the crafted files")
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz_tflite_ops.py"), "--ops", "REVERSE_V2,TRANSPOSE",
+                          "--files", "16"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "REVERSE_V2       16 files    1 crashed LiteRT    1 of those refused" in run.stdout, run.stdout
