@@ -340,7 +340,7 @@ def build_once(final: Path, build: Callable[[Path], None]) -> Path:
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(final.parent / f"{final.name}.lock"):
+    with locked(final.parent / f"{final.name}.lock"):
         if final.is_dir():  # another process built it while we waited for the lock
             return final
         # Only a crashed build leaves these behind: we hold the lock, so nobody is writing them.
@@ -357,7 +357,7 @@ def build_once(final: Path, build: Callable[[Path], None]) -> Path:
 
 
 @contextmanager
-def _locked(lock_file: Path) -> Iterator[None]:
+def locked(lock_file: Path) -> Iterator[None]:
     """Hold an exclusive lock on `lock_file`, so two processes never build the same rootfs at once."""
     with open(lock_file, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

@@ -9,16 +9,24 @@ select for the board's Python.
 import base64
 import hashlib
 import json
+import os
+import shutil
 import sys
+import time
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from edgedyn.emulate.rootfs import (BoardBuildError, BoardImage, EmulationError, build_once, compile_on_board,
-                                    default_cache_dir, install_for_board, run_on_board, run_step)
+                                    default_cache_dir, install_for_board, locked, run_on_board, run_step)
 
 # Bump when the way a wheel is installed on a board changes.
 INSTALL_VERSION = 2
+# Every change to edgedyn is a new wheel, so a new install beside the rootfs (~200 MB with its dependencies): a
+# machine that ran CI on each commit held 41 GB of them and filled its disk. Per rootfs the installs used last stay,
+# and an older one goes only once it has been unused this long (a campaign in flight keeps touching its own).
+KEEP_INSTALLS = 6
+IDLE_S = 3600
 
 
 def build_wheel(source: Path, dest: Path) -> Path:
@@ -113,7 +121,34 @@ def install_wheel(rootfs: Path, wheel: Path, image: BoardImage, cache_dir: Optio
     boards = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     installed = build_once(boards / "installs" / f"{Path(rootfs).name}-{key}",
                             lambda partial: _install_into(Path(rootfs), image, Path(wheel), partial, recipe))
+    (installed / "used").touch()
+    prune_installs(installed)
     return installed / "site"
+
+
+def prune_installs(current: Path, keep: int = KEEP_INSTALLS, idle_s: float = IDLE_S) -> List[Path]:
+    """Removes the installs of `current`'s rootfs beyond the `keep` used last (`current` among them) that nobody
+    has used for `idle_s`, each under its build lock; returns what it removed."""
+    rootfs = current.name.rsplit("-", 1)[0]
+    others = sorted((p for p in current.parent.glob(rootfs + "-*") if p.is_dir() and p != current),
+                    key=_last_used, reverse=True)
+    removed = []
+    for stale in others[max(keep - 1, 0):]:
+        if time.time() - _last_used(stale) < idle_s:
+            continue
+        with locked(stale.parent / f"{stale.name}.lock"):
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.unlink(str(stale.parent / f"{stale.name}.lock"))
+        except OSError:
+            pass
+        removed.append(stale)
+    return removed
+
+
+def _last_used(install: Path) -> float:
+    used = install / "used"
+    return (used if used.exists() else install).stat().st_mtime
 
 
 def _install_into(rootfs: Path, image: BoardImage, wheel: Path, target: Path, recipe: Mapping[str, object]) -> None:
