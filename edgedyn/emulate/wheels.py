@@ -121,8 +121,11 @@ def install_wheel(rootfs: Path, wheel: Path, image: BoardImage, cache_dir: Optio
     boards = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     installed = build_once(boards / "installs" / f"{Path(rootfs).name}-{key}",
                             lambda partial: _install_into(Path(rootfs), image, Path(wheel), partial, recipe))
-    (installed / "used").touch()
-    prune_installs(installed)
+    try:
+        (installed / "used").touch()
+        prune_installs(installed)
+    except OSError:  # a cache this user may read but not write (shared, mounted read-only): nothing to keep tidy
+        pass
     return installed / "site"
 
 
