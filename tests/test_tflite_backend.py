@@ -178,7 +178,7 @@ def test_a_file_reversing_both_axes_at_once_is_refused_on_tflite_runtime(monkeyp
     monkeypatch.setattr(litert, "_interpreter_class", lambda: (Interpreter, "tflite-runtime"))
     with pytest.raises(rt.MissingDependencyError) as caught:
         litert.LiteRtExecutor(None, {litert.REVERSES_AT_ONCE: True, "files": {"model": "model/model.tflite"}}, {})
-    assert "reverses rows and columns in one REVERSE_V2, which tflite-runtime computes wrong" in caught.value.message
+    assert "reverses several axes in one REVERSE_V2, which tflite-runtime computes wrong" in caught.value.message
     assert "ai-edge-litert" in caught.value.hint
 
 

@@ -18,8 +18,8 @@ _HINT = "pip install 'edgedyn[litert]'"
 NO_OP_PROFILER = ("LiteRT's Python API (ai-edge-litert, tflite-runtime) offers no per-operator profiler, and XNNPACK "
                   "runs the graph as one delegated node: the row is the whole invoke(); for per-operator times run "
                   "TFLite's benchmark_model --enable_op_profiling=true on the bundle's .tflite member")
-# The manifest's fact for a file with a REVERSE_V2 over several axes (backends/tflite/mirror.py), which
-# tflite-runtime computes wrong: it logs and then reverses only the first axis.
+# The manifest's fact for a file with a REVERSE_V2 over several axes (a mirrored input, a torch.flip: backends/tflite),
+# which tflite-runtime computes wrong: 2.13 reverses only the first axis, and says nothing.
 REVERSES_AT_ONCE = "tflite_reverses_axes_at_once"
 # Printed by LiteRT's native code on fd 2 when it applies XNNPACK; it is not edgedyn's to show the user.
 _LITERT_CHATTER = (b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",)
@@ -77,8 +77,8 @@ class LiteRtExecutor:
         interpreter_class, self._package = _interpreter_class()
         if artifact.get(REVERSES_AT_ONCE) and self._package != "ai-edge-litert":
             raise MissingDependencyError(
-                "this bundle's TFLite file reverses rows and columns in one REVERSE_V2, which {} computes wrong (it "
-                "reverses only the first axis)".format(self._package),
+                "this bundle's TFLite file reverses several axes in one REVERSE_V2, which {} computes wrong (it "
+                "reverses only the first)".format(self._package),
                 hint="run it with ai-edge-litert (Python >= 3.10: {}), or export it for this board".format(_HINT))
         self._model = bundle.read(artifact["files"]["model"])  # kept alive: the interpreter reads it in place
         _check_tensor_bytes(self._model, options.get("declared_bytes"), bundle, artifact["files"]["model"])
