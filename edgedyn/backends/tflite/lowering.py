@@ -87,7 +87,9 @@ class Lowering:
         key = (perm, flip)
         if key not in value.relayouts:
             source = value.tensor
-            for group in self.reverse_groups(sorted(value.perm.index(d) for d in flip ^ value.flip)):
+            axes = sorted(value.perm.index(d) for d in flip ^ value.flip)
+            # tflite-runtime (Python < 3.10 boards) given several axes reverses only the first: one each there
+            for group in [axes] if self.reverse_at_once and axes else [[axis] for axis in axes]:
                 reversed_ = self.writer.tensor("mirrored", layout.stored_shape(value.shape, value.perm), value.dtype,
                                                value.quant)
                 self.writer.operator("REVERSE_V2", [source, self.ints(group)], [reversed_])
@@ -102,11 +104,6 @@ class Lowering:
                                          [out], "TransposeOptions")
             value.relayouts[key] = out
         return value.relayouts[key]
-
-    def reverse_groups(self, axes: Sequence[int]) -> List[List[int]]:
-        """The stored axes of a reversal, per REVERSE_V2: all in one where the board's LiteRT takes several, one each
-        otherwise (tflite-runtime, on Python < 3.10 boards, logs and then reverses only the first of several)."""
-        return [list(axes)] if self.reverse_at_once and axes else [[axis] for axis in axes]
 
     def unflipped(self, value: Value) -> Value:
         """`value` in torch's order of rows and columns, for converters that do not mirror."""

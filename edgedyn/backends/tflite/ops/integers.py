@@ -54,12 +54,10 @@ def gather(ctx: Lowering, node: Any, x: Value, dim: int, index: Value, sparse_gr
 
 
 def flip(ctx: Lowering, node: Any, x: Value, dims: Any) -> Value:
-    """REVERSE_V2 along the stored positions of the flipped torch dims (the layout stays), as many as the board's
-    LiteRT needs (Lowering.reverse_groups); no dims: x itself (LiteRT crashes on a REVERSE_V2 without axes)."""
-    out = x
-    for group in ctx.reverse_groups(sorted({x.perm.index(int(d) % x.rank) for d in dims})):
-        out = ctx.emit("REVERSE_V2", [ctx.tensor(out), ctx.ints(group)], x.shape, x.perm, "ReverseV2Options", x.dtype)
-    return out
+    """x stored with `dims` back to front in its own layout: Lowering.tensor writes the REVERSE_V2s, as many as the
+    board's LiteRT needs, and none where no dim of more than one element is flipped."""
+    return Value(x.shape, x.dtype, x.perm, tensor=ctx.tensor(x, x.perm, [int(d) % x.rank for d in dims]),
+                 quant=x.quant)
 
 
 def repeat(ctx: Lowering, node: Any, x: Value, repeats: Any) -> Value:
