@@ -73,7 +73,7 @@ def crafted(op: str, r: random.Random) -> bytes:
 
 
 def main() -> int:
-    from edgedyn.runtime.executors.litert import tflite_tensor_bytes
+    from edgedyn.runtime.executors.litert import read_tflite
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", default=",".join(_operators()), help="operator kinds, comma-separated")
@@ -91,7 +91,7 @@ def main() -> int:
                 run = subprocess.run([sys.executable, "-c", RUN, str(path)], capture_output=True, timeout=120)
                 if run.returncode < 0:  # killed by a signal: LiteRT crashed
                     crashed.append(number)
-                    refused += bool(tflite_tensor_bytes(data)[1])
+                    refused += bool(read_tflite(data)[1])
             missed += len(crashed) - refused
             print("{:<14} {:>4} files  {:>3} crashed LiteRT  {:>3} of those refused by edgedyn's reader{}".format(
                 op, args.files, len(crashed), refused, "" if refused == len(crashed) else "  <- NOT REFUSED"),

@@ -7,6 +7,7 @@ from rich.table import Table
 from typing_extensions import Annotated
 
 from edgedyn.cli.common import JsonOption, emit_json, human_bytes, out, output_folder
+from edgedyn.runtime.executors.litert import REVERSES_AT_ONCE
 from edgedyn.runtime.precision import fp32_layers_words
 
 
@@ -154,7 +155,7 @@ def _reduced(artifact: Dict[str, Any]) -> None:
         out.print("           {} (a mixed artifact)".format(mixed))
     if artifact.get("tflite_mirrored"):  # backends/tflite/mirror.py
         out.print("  layout   mirrored: rows and columns back to front, the input reversed {}".format(
-            "in one REVERSE_V2 (needs ai-edge-litert)" if artifact.get("tflite_reverses_axes_at_once")
+            "in one REVERSE_V2 (needs ai-edge-litert)" if artifact.get(REVERSES_AT_ONCE)
             else "one axis at a time"))
 
 

@@ -81,7 +81,7 @@ class LiteRtExecutor:
                 "reverses only the first)".format(self._package),
                 hint="run it with ai-edge-litert (Python >= 3.10: {}), or export it for this board".format(_HINT))
         self._model = bundle.read(artifact["files"]["model"])  # kept alive: the interpreter reads it in place
-        _check_tensor_bytes(self._model, options.get("declared_bytes"), bundle, artifact["files"]["model"])
+        _check_model(self._model, options.get("declared_bytes"), bundle, artifact["files"]["model"])
         self._threads = int(options.get("threads") or os.cpu_count() or 1)
         with _quiet_native_stderr():
             self._interpreter = _Interpreter(interpreter_class, self._model, self._threads)
@@ -146,18 +146,19 @@ class LiteRtExecutor:
         return described
 
 
-def _check_tensor_bytes(model: bytes, declared: Optional[int], bundle: Any, member: str) -> None:
+def _check_model(model: bytes, declared: Optional[int], bundle: Any, member: str) -> None:
     """LiteRT allocates every tensor the flatbuffer declares: a damaged or edited shape could ask for gigabytes and
     still run. The declared total must stay near what the manifest says the graph needs (its unplanned tensors,
-    plus the weights the file itself holds; measured 1.5x and 1.9x on tiny_cnn and transformer_block)."""
+    plus the weights the file itself holds; measured 1.5x and 1.9x on tiny_cnn and transformer_block). And no
+    operator LiteRT is known to crash on."""
     try:
-        needed, crashing = tflite_tensor_bytes(model)
+        needed, crash = read_tflite(model)
     except (ValueError, IndexError, struct.error) as error:
         raise BundleError("bundle {}: {} is not a readable TFLite flatbuffer ({})".format(
             bundle.path, member, schema.short(str(error))), hint=schema.HINT)
-    if crashing:
-        raise BundleError("bundle {}: {} has {} (LiteRT would crash on it)".format(
-            bundle.path, member, schema.bounded(crashing)), hint=schema.HINT)
+    if crash:
+        raise BundleError("bundle {}: {} has {} (LiteRT would crash on it)".format(bundle.path, member, crash),
+                          hint=schema.HINT)
     limit = 4 * ((declared if declared is not None else 16 * len(model)) + len(model)) + (1 << 20)
     if needed > limit:
         raise BundleError("bundle {}: {} declares tensors of {} bytes, far above the {} its manifest allows".format(
@@ -170,10 +171,10 @@ _TFLITE_ITEM = (4, 2, 4, 1, 8, 1, 1, 2, 8, 1, 8, 16, 8, 1, 1, 4, 2, 1)
 _REVERSE_V2 = 105  # BuiltinOperator: LiteRT 2.x dereferences past the axis tensor when it has no element
 
 
-def tflite_tensor_bytes(data: bytes) -> Tuple[int, List[str]]:
-    """The bytes every tensor of every subgraph declares (shape x type), and the operators LiteRT is known to crash
-    on (a REVERSE_V2 without an axis: found by crafting each op's integer inputs), read straight from the flatbuffer
-    with each offset bounds-checked; raises ValueError for a file whose tables point outside it."""
+def read_tflite(data: bytes) -> Tuple[int, Optional[str]]:
+    """The bytes every tensor of every subgraph declares (shape x type), or the first operator LiteRT is known to
+    crash on (a REVERSE_V2 without an axis: found by crafting each op's integer inputs) in words, read straight from
+    the flatbuffer with each offset bounds-checked; raises ValueError for a file whose tables point outside it."""
     def u32(position: int) -> int:
         return struct.unpack_from("<I", data, position)[0]
 
@@ -199,22 +200,23 @@ def tflite_tensor_bytes(data: bytes) -> Tuple[int, List[str]]:
         start, count = vector(position)
         return [start + 4 * i + u32(start + 4 * i) for i in range(count)]
 
-    def ints(position: int) -> List[int]:
+    def ints(position: int, most: int) -> List[int]:
+        """The int32 vector at `position`, refused before it is read when longer than `most`."""
         if not position:
             return []
         start, count = vector(position)
+        if count > most:
+            raise ValueError("a vector of {} where at most {} belong".format(count, most))
         return [struct.unpack_from("<i", data, start + 4 * i)[0] for i in range(count)]
 
     # OperatorCode.builtin_code (an int32), else its deprecated byte for files that predate it
     codes = [struct.unpack_from("<i", data, field(code, 3))[0] if field(code, 3) else
              (data[field(code, 0)] if field(code, 0) else 0) for code in tables(u32(0), 1)]
-    total, crashing = 0, []  # type: Tuple[int, List[str]]
+    total = 0
     for number, subgraph in enumerate(tables(u32(0), 2)):  # Model.subgraphs
         empty = set()  # tensors with no element
         for index, tensor in enumerate(tables(subgraph, 0)):  # SubGraph.tensors
-            shape, kind = ints(field(tensor, 0)), field(tensor, 1)
-            if len(shape) > schema.MAX_RANK:
-                raise ValueError("a tensor of rank {}".format(len(shape)))
+            shape, kind = ints(field(tensor, 0), schema.MAX_RANK), field(tensor, 1)
             if 0 in shape:
                 empty.add(index)
             count = 1
@@ -223,12 +225,14 @@ def tflite_tensor_bytes(data: bytes) -> Tuple[int, List[str]]:
             item = data[kind] if kind else 0
             total += count * (_TFLITE_ITEM[item] if item < len(_TFLITE_ITEM) else 16)
         for position, operator in enumerate(tables(subgraph, 3)):  # SubGraph.operators
-            opcode, inputs = field(operator, 0), ints(field(operator, 1))
+            opcode, inputs = field(operator, 0), field(operator, 1)
             index = u32(opcode) if opcode else 0  # a flatbuffer leaves a field at its default (0) out
-            code = codes[index] if index < len(codes) else None
-            if code == _REVERSE_V2 and len(inputs) > 1 and inputs[1] in empty:
-                crashing.append("a REVERSE_V2 with no axis (subgraph {}, operator {})".format(number, position))
-    return total, crashing
+            if index >= len(codes) or codes[index] != _REVERSE_V2 or not inputs:
+                continue
+            start, count = vector(inputs)
+            if count > 1 and struct.unpack_from("<i", data, start + 4)[0] in empty:  # its axis tensor
+                return total, "a REVERSE_V2 with no axis (subgraph {}, operator {})".format(number, position)
+    return total, None
 
 
 def _version(package: str) -> str:
