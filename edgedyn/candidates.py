@@ -43,6 +43,7 @@ class Candidate:
     backend: str
     precision: str = FP32
     fp32_share: float = 0.0
+    fp32_layers: Tuple[str, ...] = ()  # the layers a probe found its reduced precision costs most in (layer_probe.py)
     floats: str = FP32  # an int8 candidate's: the precision of its layers kept out of int8 (int8_floats)
 
     @property
@@ -50,12 +51,15 @@ class Candidate:
         """`onnxruntime` for fp32, `openvino:bf16`, `tflite:int8`, `openvino:bf16+fp32-first-10%`: the keys of the
         selection record."""
         label = self.backend if self.precision == FP32 else "{}:{}".format(self.backend, self.precision)
+        label += "+fp32-{}-layers".format(len(self.fp32_layers)) if self.fp32_layers else ""
         return label + ("+fp32-first-{:.0%}".format(self.fp32_share) if self.fp32_share else "")
 
     @property
     def words(self) -> str:
         words = self.backend if self.precision == FP32 else "{} in {}".format(self.backend, self.precision)
         words += " (float layers in {})".format(self.floats) if self.floats != FP32 else ""
+        words += " with the {} layers it costs most accuracy in fp32".format(len(self.fp32_layers)) \
+            if self.fp32_layers else ""
         return words + (" with its first {:.0%} of layers in fp32".format(self.fp32_share) if self.fp32_share else "")
 
 
@@ -200,7 +204,7 @@ def builder(programs: Dict[str, Any], board: Board, target: Target, spec: Specia
                 program=programs[pipeline], board=board, target=target, tensor_inputs=list(spec.tensor_inputs),
                 quantization=quantization if int8 else None,
                 precision=candidate.floats if int8 else candidate.precision,
-                tuning=tuning, fp32_share=candidate.fp32_share))
+                tuning=tuning, fp32_share=candidate.fp32_share, fp32_layers=candidate.fp32_layers))
 
         artifact = untuned_if_wrong(lower(True), spec, lambda: lower(False))
         if pipeline != "default":

@@ -139,6 +139,29 @@ class Measurement:
         """Guest instructions per call of a candidate that `run` ran, one thread, under the board's CPU."""
         return self._counts[label]
 
+    def where(self) -> str:
+        return _where(self._emulated)
+
+    def probe(self, label: str, staged: Tuple[Path, Path, Path], script: str, names: Sequence[str]
+              ) -> Dict[str, List[np.ndarray]]:
+        """A staged candidate's outputs under `script` (layer_probe.py's), which runs it once per variant on every
+        batch: "variant.batch" -> that call's outputs."""
+        import json
+
+        from edgedyn.emulate.instructions import count_command
+        from edgedyn.emulate.rootfs import EmulationError
+        from edgedyn.layer_probe import unpack
+
+        bundle, inputs, _ = staged
+        listed, probed = bundle.parent / "probe-names.json", bundle.parent / "probe-outputs.npz"
+        listed.write_text(json.dumps(list(names)))
+        try:
+            count_command(self._emulated, ["-c", script, str(bundle), str(inputs), str(probed), str(listed)])
+        except EmulationError as error:
+            raise EdgedynError("probing {} failed on {}: {}".format(label, self.where(), _last_line(error.message)))
+        with np.load(str(probed), allow_pickle=False) as saved:
+            return unpack({key: saved[key] for key in saved.files})
+
 
 def _attempt_run(measurement: Measurement, label: str, files: Any, batches: int) -> Tuple[Any, Optional[str]]:
     """(`measurement.run`'s result, None) or (None, why it failed, as `attempt` words it): from a worker thread."""
@@ -270,7 +293,7 @@ class _Rounds:
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = [pool.submit(_attempt_run, measurement, candidate.label, files, n)
                        for candidate, _, _, files, n in staged]
-            for (candidate, artifact, judge, _, _), future in zip(staged, futures):
+            for (candidate, artifact, judge, staged_files, _), future in zip(staged, futures):
                 label = candidate.label
                 ran, failure = future.result()
                 errors = {}  # type: Dict[str, Any]
@@ -279,7 +302,7 @@ class _Rounds:
                 elif attempt(label, lambda: judge(ran[0], ran[1]) or True, rejected, errors) is None:
                     if missed_gate(candidate, errors.get(label)):
                         self.missed.append(label)
-                        following += more_fp32(candidate, False)
+                        following += more_fp32(candidate, False) + self._probed(candidate, artifact, staged_files)
                 else:
                     count = measurement.count(label)
                     step("{}: {:,.0f} instructions per call".format(label, count["per_call"]))
@@ -288,6 +311,25 @@ class _Rounds:
                     continue
                 step("{}: rejected ({})".format(label, rejected[label]))
         return following
+
+    def _probed(self, candidate: Any, artifact: Artifact, staged: Tuple[Path, Path, Path]) -> List[Any]:
+        """After a reduced-precision candidate of a backend that `probes_layers` missed its gate: the same with
+        the layers the probe found it costs most accuracy in kept fp32 (layer_probe.py); none when the probe
+        names none or cannot run (it says why)."""
+        from dataclasses import replace
+
+        from edgedyn.layer_probe import probe
+
+        if not BACKENDS[candidate.backend].probes_layers or candidate.fp32_layers or self.accuracy is None:
+            return []
+        try:
+            layers = probe(self.measurement, candidate.label, staged, artifact, self.accuracy, self.step)
+        except EdgedynError as error:
+            self.step("{}: no probe ({})".format(candidate.label, error.message))
+            return []
+        self.step("{}: fp32 for {} of its layers ({}) may meet the gate".format(
+            candidate.label, len(layers), ", ".join(layers[:6]) + (", ..." if len(layers) > 6 else "")))
+        return [replace(candidate, fp32_layers=layers)] if layers else []
 
 
 def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Optional[Any], accuracy: Optional[Any],

@@ -50,6 +50,10 @@ class Backend:
     # Its reduced-precision artifacts can keep their first layers in fp32 (Build.fp32_share): `auto` tries that when
     # the whole artifact misses the float gate (edgedyn/candidates.py FP32_SHARES).
     mixes: bool = False
+    # Its reduced-precision artifacts can keep named layers in fp32 (Build.fp32_layers): on an emulated board, `auto`
+    # probes which layers the reduced precision costs most accuracy in when the whole artifact misses the float gate,
+    # and tries it with those in fp32 (edgedyn/layer_probe.py).
+    probes_layers: bool = False
     # Its int8 artifacts compute the layers kept out of int8 in a reduced precision of `precisions` where the CPU has
     # it (OpenVINO's inference precision applies to every layer without int8 inputs): candidates.int8_floats.
     int8_floats: bool = False
@@ -98,7 +102,7 @@ BACKENDS = {
         extra="export,ncnn-export", board_extra="ncnn", overhead_bytes=36 * MB, overhead_import="import ncnn; ncnn.Net()",
         general=False, pipeline="onnxruntime",
         no_int8_reason="edgedyn's ncnn backend has no int8 path yet (ncnn's int8 needs its own calibration table)",
-        threads_per_model=True, precisions=(("fp16", ("aarch64",)),),
+        threads_per_model=True, precisions=(("fp16", ("aarch64",)),), probes_layers=True,
         summary="an ncnn model converted by pnnx, run by ncnn on the CPU, in fp32 or fp16 (Arm v8.2 cores)"),
     "onnxruntime": Backend(
         name="onnxruntime", lower="edgedyn.backends.onnxruntime:lower", executor="onnxruntime", devices=("cpu",),

@@ -214,6 +214,29 @@ def with_precision(bundle: Path, precision: str, output: Path) -> Path:
     return output
 
 
+def with_member(bundle: Path, suffix: str, edit: Callable[[bytes], bytes], output: Path) -> Path:
+    """A copy of `bundle` whose members ending in `suffix` are `edit`ed, the manifest's checksums made to match:
+    an artifact's file as the export would write it (a mixed ncnn model), without exporting it again."""
+    import json
+    import zipfile
+
+    from edgedyn.runtime.format import sha256_bytes
+
+    with zipfile.ZipFile(str(bundle)) as source:
+        members = {info.filename: (info, source.read(info.filename)) for info in source.infolist()}
+    manifest = json.loads(members["manifest.json"][1])
+    for name, (info, data) in list(members.items()):
+        if name.endswith(suffix):
+            edited = edit(data)
+            members[name] = (info, edited)
+            manifest["members"][name] = {"sha256": sha256_bytes(edited), "size": len(edited)}
+    members["manifest.json"] = (members["manifest.json"][0], json.dumps(manifest).encode())
+    with zipfile.ZipFile(str(output), "w") as target:
+        for info, data in members.values():
+            target.writestr(info, data)
+    return output
+
+
 @pytest.fixture
 def run_cli() -> Callable[..., "subprocess.CompletedProcess[str]"]:
     """Runs `python -m edgedyn ARGS` in a fresh interpreter, as a user would."""

@@ -23,8 +23,8 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("passes", ("edgedyn.passes", "edgedyn.calibration")),
     ("quantize", ("edgedyn.quantize",)),
     ("backends", ("edgedyn.backends",)),
-    ("choice", ("edgedyn.selection", "edgedyn.candidates", "edgedyn.onboard", "edgedyn.turns", "edgedyn.fit",
-                "edgedyn.bundle")),
+    ("choice", ("edgedyn.selection", "edgedyn.candidates", "edgedyn.onboard", "edgedyn.layer_probe", "edgedyn.turns",
+                "edgedyn.fit", "edgedyn.bundle")),
     ("export", ("edgedyn.exporter",)),
     ("fleet", ("edgedyn.fleet",)),  # boards over TVM's RPC tracker, and tuning
     ("interface", ("edgedyn.cli", "edgedyn.__main__", "edgedyn=")),

@@ -142,9 +142,10 @@ TINY_SHAPES = {"x": (3, 64, 64)}
                                                                    "layer makes it"),
     (lambda p: p.replace(b"0=10 ", b"0=10 9=\"abc\" ", 1), None, "value '\"abc\"' is not a number"),
     (lambda p: p.replace(b"0=10 ", b"0=10 30=4,1,1,1 ", 1), None, "parameter id 30 (ids are 0-31, each once; no "
-                                                                  "shape hints or feature masks)"),
-    (lambda p: p.replace(b"6=432", b"6=432 31=3", 1), None, "parameter id 31 (ids are 0-31, each once; no shape "
-                                                            "hints or feature masks)"),
+                                                                  "shape hints)"),
+    (lambda p: p.replace(b"6=432", b"6=432 31=1", 1), None, "has feature mask 1 (31=3 is the only one"),
+    (lambda p: p.replace(b"Pooling mean_8 1 1 4 6 0=1 4=1", b"Pooling mean_8 1 1 4 6 0=1 4=1 31=3", 1), None,
+     "layer 'mean_8' computes in fp32 (31=3) but reads '4', which may be fp16"),
     (lambda p: p.replace(b"-23310=2,", b"-23310=9,", 1), None, "array -23310 says 9 items and holds 2"),
     (lambda p: p.replace(b"0=10 ", b"0=0 ", 1), None, "parameter 0 must be at least 1, got 0"),
     (lambda p: p.replace(b"6=432", b"6=432 8=1", 1), None, "an int8 layer; edgedyn's ncnn files are float"),

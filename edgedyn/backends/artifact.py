@@ -44,6 +44,7 @@ class Build:
     reference: Optional[bytes] = None  # reference .npz (inputs and torch outputs), for accuracy measured in a build
     tuning: bool = True  # False: build without the target's tuning records (a tuned build that disagreed)
     fp32_share: float = 0.0  # a reduced precision's first layers kept in fp32, as a share (backends that `mix`)
+    fp32_layers: Tuple[str, ...] = ()  # the named layers kept in fp32 in a reduced precision (backends that `probe`)
 
 
 @contextmanager

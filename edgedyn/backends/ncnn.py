@@ -31,6 +31,7 @@ from edgedyn.backends.ncnn_rewrites import fuse_global_pooling, fuse_pooled_conv
 from edgedyn.backends.onnx_rewrites import whole_map_pools
 from edgedyn.errors import BackendError, MissingDependencyError
 from edgedyn.runtime.errors import BundleError
+from edgedyn.runtime.executors.ncnn_mixed import mark_fp32, masked, probed_layers
 from edgedyn.runtime.executors.ncnn_param import WEIGHTS, check_model
 from edgedyn.runtime.executors.ncnn import MAX_ITEM_RANK
 from edgedyn.runtime.precision import FP32
@@ -85,6 +86,8 @@ def lower(build: Build) -> Artifact:
     param = static_reshapes(param, weights, ncnn, item_shapes)
     try:
         param = fuse_pooled_convolutions(fuse_global_pooling(param, item_shapes), item_shapes)
+        if build.fp32_layers and build.precision != FP32:
+            param = mark_fp32(param.decode("ascii"), build.fp32_layers).encode("ascii")
         layers = check_model(param, weights, "the ncnn model pnnx wrote", item_shapes)
     except BundleError as error:  # a layer or a shape edgedyn's checker does not take: the runtime would refuse it
         raise BackendError(error.message.replace(" is not a valid ncnn model: ", " fails edgedyn's checks: "),
@@ -95,6 +98,9 @@ def lower(build: Build) -> Artifact:
                      "output_shapes": [list(shape[1:]) for shape, _ in outputs], "weights": "fp32",
                      "layers": _counts(layer.type for layer in layers), "options": board_options(build.board)},
             "requires": {"python": ["ncnn>={}".format(MIN_NCNN)]}}  # type: Dict[str, Any]
+    if build.fp32_layers and build.precision != FP32:
+        kept = masked(layers)
+        meta["ncnn"]["fp32_layers"] = {"layers": len(kept), "of": len(probed_layers(layers)), "names": kept}
     if build.precision == FP32:
         meta["tolerance"] = dict(FP32_TOLERANCE)
     artifact = Artifact(backend="ncnn", executor="ncnn", device="cpu", arch=None,

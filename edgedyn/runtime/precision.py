@@ -153,4 +153,7 @@ def fp32_layers_words(artifact: Dict[str, Any]) -> Optional[str]:
     kept = record.get("fp32_layers") if isinstance(record, dict) else None
     if not isinstance(kept, dict):
         return None
+    if "layers" in kept:  # named by a probe on the board (edgedyn/layer_probe.py)
+        return "{} of its {} layers in fp32 (those its reduced precision cost most accuracy in)".format(
+            kept.get("layers", "?"), kept.get("of", "?"))
     return "its first {} of {} layers in fp32".format(kept.get("first", "?"), kept.get("of", "?"))

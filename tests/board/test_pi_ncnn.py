@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, RTOL, require_module, torch_model, with_precision
+from conftest import ALL_MODELS, EXAMPLES, RTOL, require_module, torch_model, with_member, with_precision
 
 from .emulator import REPO
 
@@ -93,3 +93,56 @@ def test_an_fp16_artifact_computes_fp32_on_the_a72_and_says_why(pi5_bundle, tmp_
     assert described["computes"] == ["fp32", "fp16 artifact computes in fp32 here: this CPU lacks fphp+asimdhp"]
     assert described["cpu_fp16"] is False and not any(described["fp16"].values()), described
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=RTOL * np.abs(expected).max())
+
+
+def _relative(got: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.max(np.abs(got - expected)) / np.max(np.abs(expected)))
+
+
+def test_layers_marked_fp32_compute_in_fp32_inside_the_fp16_network_on_the_a76(pi5_bundle, tmp_path):
+    """Every probed layer but the first marked fp32 (31=3), behind the entries mark_fp32 writes where they read an
+    fp16 layer: on the A76 ncnn computes the rest in fp16 and those in fp32, and says how many; the outputs are
+    finite and far nearer torch than with every layer in fp16 (a mask that took no effect, or fp16 read as fp32,
+    would be neither)."""
+    from edgedyn.runtime.executors.ncnn_mixed import ENTRY, mark_fp32, probed_layers
+    from edgedyn.runtime.executors.ncnn_param import parse_param
+
+    fp16 = with_precision(pi5_bundle, "fp16", tmp_path / "fp16.edgedyn")
+    marked = []
+
+    def edit(param: bytes) -> bytes:
+        marked.extend(probed_layers(parse_param(param, "m"))[1:])
+        text = mark_fp32(param.decode("ascii"), marked)
+        assert text.count(ENTRY + " ") >= 2
+        return text.encode("ascii")
+
+    mixed = with_member(fp16, "model.param", edit, tmp_path / "mixed.edgedyn")
+    described, got, expected = _on_board(mixed, "cortex-a76", tmp_path)
+    assert described["computes"] == ["fp16", None] and described["fp32_layers"] == len(marked) > 10, described
+    _, everything_fp16, _ = _on_board(fp16, "cortex-a76", tmp_path)
+    assert np.isfinite(got).all()
+    assert _relative(got, expected) < _relative(everything_fp16, expected) / 4, (_relative(got, expected),
+                                                                                 _relative(everything_fp16, expected))
+
+
+def test_an_fp16_that_misses_its_gate_is_probed_and_tried_with_its_costliest_layers_fp32(tmp_path):
+    """`auto` for the Pi 5 with a gate no fp16 meets: the fp16 candidate misses on the emulated A76, the probe
+    names layers there, and a candidate with those layers in fp32 is built, run and judged like any other (the
+    export then keeps whichever verified with the fewest instructions)."""
+    import edgedyn
+    from edgedyn.runtime import read_manifest
+    from edgedyn.runtime.format import kept_artifact
+
+    require_module("ncnn")
+    require_module("pnnx")
+    reference, inputs = ALL_MODELS[MODEL]
+    lines = []  # type: list
+    bundle = edgedyn.export(str(EXAMPLES / reference), inputs=list(inputs), board=BOARD, backend="ncnn",
+                            max_accuracy_drop="cosine=0.9999999", output=tmp_path / "m.edgedyn",
+                            progress=lines.append)
+    selection = kept_artifact(read_manifest(bundle)["specializations"][0])["selection"]
+    assert any("probing which of its" in line for line in lines), lines
+    mixed = [label for label in list(selection["rejected"]) + list(selection["instructions_per_call"])
+             if label.startswith("ncnn:fp16+fp32-") and label.endswith("-layers")]
+    assert mixed, selection
+    assert "ncnn:fp16" in selection["rejected"], selection

@@ -19,6 +19,7 @@ import numpy as np
 from edgedyn.runtime import precision as precisions
 from edgedyn.runtime import schema
 from edgedyn.runtime.errors import BundleError, ExecutionError, MissingDependencyError
+from edgedyn.runtime.executors import ncnn_mixed
 from edgedyn.runtime.executors.ncnn_param import Layer, check_model
 from edgedyn.runtime.format import host_arch
 
@@ -122,6 +123,13 @@ class NcnnExecutor:
         self._requested = requested
         self._precision, self._why_not = _effective(ncnn, requested)
         self._version_note = _older_note(ncnn.__version__, artifact.get("ncnn", {}).get("ncnn_at_export"))
+        self._fp32_layers = len(ncnn_mixed.masked(layers))
+        if self._fp32_layers and self._precision == "fp16" and not ncnn_mixed.entry_computes_fp32(ncnn):
+            raise MissingDependencyError(
+                "this ncnn ({}) has an fp16 kernel for {}, through which the bundle's {} fp32 layers read their "
+                "inputs: they would read fp16 as fp32".format(ncnn.__version__, ncnn_mixed.ENTRY, self._fp32_layers),
+                hint="pip install 'ncnn=={}' (what the bundle was exported with)".format(
+                    schema.short(artifact.get("ncnn", {}).get("ncnn_at_export"), 40)))
         self._net = ncnn.Net()
         opt = self._net.opt
         for key, value in options(artifact).items():
@@ -187,6 +195,8 @@ class NcnnExecutor:
                      "fp16": {key[4:]: bool(getattr(opt, key)) for key in FP16_OPTIONS}, "batch_runs": self._batch}
         if host_arch() == "aarch64":
             described["cpu_fp16"] = bool(self._ncnn.cpu_support_arm_asimdhp())  # what ncnn itself sees
+        if self._fp32_layers and self._precision == "fp16":
+            described["fp32_layers"] = self._fp32_layers
         if self._why_not:
             described["precision_note"] = self._why_not
         if self._version_note:

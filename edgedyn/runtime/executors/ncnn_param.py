@@ -9,7 +9,8 @@ no layer checks its parameters against its input: a kernel wider than the padded
 or an axis the blob lacks read and write outside their buffers (seen here: a tampered kernel size or pad crashed
 the process). So, before ncnn sees a byte:
 - the text is parsed strictly (printable ASCII, the tokens ncnn's scanner reads whole, numbers only, no string
-  parameters and no shape hints) against an allow-list of the float layers edgedyn's files use;
+  parameters and no shape hints) against an allow-list of the float layers edgedyn's files use, a feature mask
+  only where ncnn computes it safely (ncnn_mixed.py);
 - each layer's weights are walked through the .bin with ncnn's own rules (a 4-byte tag before tagged arrays: 0 for
   fp32, the fp16 tag): every array inside the file, and the file ending where the last one does;
 - every blob's shape is inferred from the inputs' as ncnn computes it, each layer's parameters checked against the
@@ -22,7 +23,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, 
 
 from edgedyn.runtime import schema
 from edgedyn.runtime.errors import BundleError
-from edgedyn.runtime.executors import ncnn_attention, ncnn_channels, ncnn_gemm
+from edgedyn.runtime.executors import ncnn_attention, ncnn_channels, ncnn_gemm, ncnn_mixed
 from edgedyn.runtime.executors.ncnn_shapes import RULES as SHAPE_RULES, Shape, ShapeError, need, slice_
 
 MAGIC = 7767517
@@ -34,10 +35,9 @@ MAX_TOKEN = 255  # ncnn scans names with %255s
 MAX_VALUE = 15  # and each parameter value with %15[^,\n ]
 PARAM_IDS = 32  # NCNN_MAX_PARAM_COUNT
 SHAPE_HINTS = 30  # top-blob shape hints: edgedyn's files carry none, and ncnn reads them without a bound
-# A layer's feature mask (options such as fp16 storage turned off for it alone): edgedyn's files carry none, and
-# ncnn 1.0.20261020 computes NaN or crashes (SIGSEGV) at some cuts between fp16 and fp32 layers it makes (timm's
-# MobileNetV4 on the emulated Pi 5, 2026-12-04).
-FEATMASK = 31
+# A layer's feature mask: only 31=3 (fp32 inside an fp16 network), and only where ncnn computes it safely
+# (ncnn_mixed.py `mask_problem`: any other use computes NaN or crashes ncnn).
+FEATMASK = ncnn_mixed.FEATMASK
 MAX_ARRAY = 4096
 MAX_INT = 1 << 24  # any integer parameter: dims, axes, counts (weight sizes are checked against the .bin instead)
 FP32_TAG, FP16_TAG = 0, 0x01306B47  # the tags ncnn's ModelBin reads before a tagged array, in edgedyn's files
@@ -150,6 +150,9 @@ def parse_param(param: bytes, label: str) -> List[Layer]:
         layers.append(layer)
     if len(made) != blobs:
         raise _bad(label, "the header says {} blobs, the layers make {}".format(blobs, len(made)))
+    problem = ncnn_mixed.mask_problem(layers)
+    if problem:
+        raise _bad(label, problem)
     return layers
 
 
@@ -187,8 +190,8 @@ def _params(tokens: Sequence[str], label: str, where: str) -> Params:
         number = int(key)
         array = number <= -23300
         number = -number - 23300 if array else number
-        if not 0 <= number < PARAM_IDS or number in (SHAPE_HINTS, FEATMASK) or number in params:
-            raise _bad(label, "{}: parameter id {} (ids are 0-{}, each once; no shape hints or feature masks)".format(
+        if not 0 <= number < PARAM_IDS or number == SHAPE_HINTS or array and number == FEATMASK or number in params:
+            raise _bad(label, "{}: parameter id {} (ids are 0-{}, each once; no shape hints)".format(
                 where, key, PARAM_IDS - 1))
         values = [_number(v, label, where) for v in text.split(",")]
         if array:

@@ -1,0 +1,92 @@
+"""ncnn files with some layers in fp32 inside an fp16 network (runtime/executors/ncnn_mixed.py, layer_probe.py): what
+the export writes passes the runtime's checks and computes as before where fp16 is off, a feature mask ncnn would
+compute wrong is refused, and the probe names the fewest layers whose gains cover the gate. The fp16 side runs on
+the emulated Pi 5 (tests/board/test_pi_ncnn.py)."""
+import zipfile
+
+import numpy as np
+import pytest
+
+import edgedyn.runtime as rt
+from edgedyn.candidates import Candidate
+from edgedyn.layer_probe import MARGIN, chosen
+from edgedyn.runtime.errors import BundleError
+from edgedyn.runtime.executors.ncnn_mixed import ENTRY, mark_fp32, mask_problem, masked, probed_layers
+from edgedyn.runtime.executors.ncnn_param import check_model, parse_param
+
+from conftest import with_member
+
+pytestmark = pytest.mark.requires("ncnn", "pnnx", "onnx")
+SHAPES = {"x": (3, 96, 96)}
+
+
+@pytest.fixture(scope="module")
+def bundle(export_example):
+    return export_example("mobilenet_v2", backend="ncnn")
+
+
+def _files(bundle) -> tuple:
+    with zipfile.ZipFile(str(bundle)) as archive:
+        names = archive.namelist()
+        return (archive.read(next(n for n in names if n.endswith("model.param"))),
+                archive.read(next(n for n in names if n.endswith("weights.bin"))))
+
+
+def test_every_layer_marked_fp32_reads_only_fp32_blobs_and_computes_as_before_without_fp16(bundle, tmp_path):
+    param, weights = _files(bundle)
+    layers = parse_param(param, "m")
+    names = probed_layers(layers)
+    assert len(names) > 10
+    marked = mark_fp32(param.decode("ascii"), names).encode("ascii")
+    checked = check_model(marked, weights, "m", SHAPES)
+    assert masked(checked) == names and mask_problem(checked) is None
+    entries = [layer for layer in checked if layer.type == ENTRY]
+    # an entry before each marked layer that reads a layer left in fp16 (none before the first: it reads the input)
+    assert 0 < len(entries) < len(names) and len(checked) == len(layers) + len(entries)
+    assert checked[1].name == names[0] and checked[1].bottoms == layers[1].bottoms
+    x = np.random.default_rng(3).standard_normal((1, 3, 96, 96)).astype(np.float32)
+    plain = rt.load(bundle, threads=1)(x)
+    mixed = rt.load(with_member(bundle, "model.param", lambda _: marked, tmp_path / "mixed.edgedyn"), threads=1)
+    np.testing.assert_allclose(mixed(x), plain, rtol=1e-6, atol=1e-6 * np.abs(plain).max())
+
+
+def test_marking_a_layer_twice_or_none_changes_nothing_else(bundle):
+    param = _files(bundle)[0].decode("ascii")
+    names = probed_layers(parse_param(param.encode(), "m"))
+    once = mark_fp32(param, names[3:5])
+    assert mark_fp32(once, names[3:5]) == once
+    assert mark_fp32(param, []) == param.rstrip("\n") + "\n"
+    assert mark_fp32(param, names[4:5]).count(ENTRY) == 1
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda text, names: text.replace(" 31=3", " 31=1", 1), "has feature mask 1 (31=3 is the only one"),
+    (lambda text, names: text.replace(" 31=3", " 31=7", 1), "has feature mask 7"),
+    (lambda text, names: text.replace(ENTRY + " ", "Noop ", 1), "computes in fp32 (31=3) but reads"),
+    (lambda text, names: text.replace("_fp32\n", "_fp32 0=2.0\n", 1), "computes in fp32 (31=3) but reads"),
+])
+def test_a_mask_ncnn_would_compute_wrong_is_refused_before_ncnn_reads_it(bundle, edit, words):
+    param, weights = _files(bundle)
+    names = probed_layers(parse_param(param, "m"))
+    text = mark_fp32(param.decode("ascii"), names[2:6])
+    check_model(text.encode("ascii"), weights, "m", SHAPES)
+    with pytest.raises(BundleError) as raised:
+        check_model(edit(text, names).encode("ascii"), weights, "m", SHAPES)
+    assert "is not a valid ncnn model: " in raised.value.message and words in raised.value.message, raised.value
+
+
+def test_the_probe_names_the_fewest_layers_whose_gains_cover_twice_the_shortfall():
+    names = ["a", "b", "c", "d"]
+    # every layer reduced: error 0.004 (cosine 0.996) against an allowance of 0.001: 0.003 short, 0.006 to cover
+    assert chosen(names, 0.004, [0.001, 0.0001, 0.0035, 0.0041], 0.999) == ("b", "a")
+    assert chosen(names, 0.004, [0.002, 0.0035, 0.001, 0.0041], 0.999) == ("c", "a", "b")
+    assert chosen(names, 0.004, [0.0041, 0.0042, 0.004, 0.005], 0.999) == ()  # no layer alone gains
+    assert chosen(names, 0.0005, [0.0001, 0.0004, 0.0005, 0.0005], 0.999) == ("a",)  # within the gate: the best
+    assert chosen(names, 0.01, [0.009, 0.008, 0.0099, 0.01], None) == ("b", "a", "c")  # none suffice: all that gain
+    assert MARGIN == 2.0
+
+
+def test_a_probed_candidate_says_how_many_layers_it_keeps_fp32():
+    candidate = Candidate("ncnn", "fp16", fp32_layers=("conv_3", "convdw_7"))
+    assert candidate.label == "ncnn:fp16+fp32-2-layers"
+    assert candidate.words == "ncnn in fp16 with the 2 layers it costs most accuracy in fp32"
