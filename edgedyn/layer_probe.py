@@ -68,7 +68,7 @@ def probe(measurement: Any, label: str, staged: Tuple[Path, Path, Path], artifac
         raise EdgedynError("{} has {} layers to probe, above {}".format(label, len(names), MAX_PROBED))
     step("{}: probing which of its {} layers fp16 costs most accuracy in, on {}".format(label, len(names),
                                                                                      measurement.where()))
-    outputs = measurement.probe(label, staged, _PROBE, names)
+    outputs = measurement.probe_layers(label, staged, _PROBE, names)
     batches = len(accuracy.batches)
     errors = [_error(accuracy, [outputs["{}.{}".format(variant, b)] for b in range(1, batches + 1)])
               for variant in range(len(names) + 1)]

@@ -142,7 +142,7 @@ class Measurement:
     def where(self) -> str:
         return _where(self._emulated)
 
-    def probe(self, label: str, staged: Tuple[Path, Path, Path], script: str, names: Sequence[str]
+    def probe_layers(self, label: str, staged: Tuple[Path, Path, Path], script: str, names: Sequence[str]
               ) -> Dict[str, List[np.ndarray]]:
         """A staged candidate's outputs under `script` (layer_probe.py's), which runs it once per variant on every
         batch: "variant.batch" -> that call's outputs."""
