@@ -142,25 +142,35 @@ class Measurement:
     def where(self) -> str:
         return _where(self._emulated)
 
-    def probe_layers(self, label: str, staged: Tuple[Path, Path, Path], script: str, names: Sequence[str]
-              ) -> Dict[str, List[np.ndarray]]:
-        """A staged candidate's outputs under `script` (layer_probe.py's), which runs it once per variant on every
-        batch: "variant.batch" -> that call's outputs."""
+    def probe_layers(self, label: str, staged: Tuple[Path, Path, Path], script: str, variants: Sequence[Any],
+                     batches: int, base: bool) -> Dict[str, List[np.ndarray]]:
+        """A staged candidate's outputs under `script` (layer_probe.py's) on its first `batches` gate batches: with
+        every layer as built ("base.B", with `base`) and per variant ("KEY.B", `variants` as [key, layer names]),
+        split between emulation_jobs processes (no counting: the probe ranks accuracy)."""
         import json
 
-        from edgedyn.emulate.instructions import count_command
-        from edgedyn.emulate.rootfs import EmulationError
         from edgedyn.layer_probe import unpack
 
         bundle, inputs, _ = staged
-        listed, probed = bundle.parent / "probe-names.json", bundle.parent / "probe-outputs.npz"
-        listed.write_text(json.dumps(list(names)))
-        try:
-            count_command(self._emulated, ["-c", script, str(bundle), str(inputs), str(probed), str(listed)])
-        except EmulationError as error:
-            raise EdgedynError("probing {} failed on {}: {}".format(label, self.where(), _last_line(error.message)))
-        with np.load(str(probed), allow_pickle=False) as saved:
-            return unpack({key: saved[key] for key in saved.files})
+        jobs = emulation_jobs(len(variants))
+        parts = [[v for i, v in enumerate(variants) if i % jobs == part] for part in range(jobs)]
+
+        def run(part: int) -> Dict[str, List[np.ndarray]]:
+            listed, probed = (bundle.parent / "probe-{}.{}".format(part, ext) for ext in ("json", "npz"))
+            listed.write_text(json.dumps(parts[part]))
+            result = self._emulated.run_edgedyn(["-c", script, str(bundle), str(inputs), str(probed), str(listed),
+                                                 str(batches), "1" if base and part == 0 else "0"])
+            if result.returncode != 0:
+                raise EdgedynError("probing {} failed on {}: {}".format(label, self.where(),
+                                                                       _last_line(result.stderr or result.stdout)))
+            with np.load(str(probed), allow_pickle=False) as saved:
+                return unpack({key: saved[key] for key in saved.files})
+
+        merged = {}  # type: Dict[str, List[np.ndarray]]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            for outputs in pool.map(run, range(jobs)):
+                merged.update(outputs)
+        return merged
 
 
 def _attempt_run(measurement: Measurement, label: str, files: Any, batches: int) -> Tuple[Any, Optional[str]]:

@@ -75,14 +75,15 @@ def test_a_mask_ncnn_would_compute_wrong_is_refused_before_ncnn_reads_it(bundle,
     assert "is not a valid ncnn model: " in raised.value.message and words in raised.value.message, raised.value
 
 
-def test_the_probe_names_the_fewest_layers_whose_gains_cover_twice_the_shortfall():
-    names = ["a", "b", "c", "d"]
-    # every layer reduced: error 0.004 (cosine 0.996) against an allowance of 0.001: 0.003 short, 0.006 to cover
-    assert chosen(names, 0.004, [0.001, 0.0001, 0.0035, 0.0041], 0.999) == ("b", "a")
-    assert chosen(names, 0.004, [0.002, 0.0035, 0.001, 0.0041], 0.999) == ("c", "a", "b")
-    assert chosen(names, 0.004, [0.0041, 0.0042, 0.004, 0.005], 0.999) == ()  # no layer alone gains
-    assert chosen(names, 0.0005, [0.0001, 0.0004, 0.0005, 0.0005], 0.999) == ("a",)  # within the gate: the best
-    assert chosen(names, 0.01, [0.009, 0.008, 0.0099, 0.01], None) == ("b", "a", "c")  # none suffice: all that gain
+def test_the_probe_names_the_fewest_layers_that_bring_the_error_to_half_the_allowance():
+    names = [("a",), ("b",), ("c",), ("d",)]
+    # every layer reduced: error 0.004 (cosine 0.996), the gate's allowance 0.001: gains must reach 0.0035
+    assert chosen(names, 0.004, [0.001, 0.0001, 0.0035, 0.0041], 0.999) == ([("b",)], True)
+    assert chosen(names, 0.004, [0.0024, 0.002, 0.0035, 0.0041], 0.999) == ([("b",), ("a",)], True)
+    assert chosen(names, 0.004, [0.0035, 0.0038, 0.0039, 0.0041], 0.999) == ([("a",), ("b",), ("c",)], False)
+    assert chosen(names, 0.004, [0.0041, 0.0042, 0.004, 0.005], 0.999) == ([], False)  # no layer alone gains
+    assert chosen(names, 0.0004, [0.0001, 0.0003, 0.0004, 0.0004], 0.999) == ([("a",)], True)  # within: the best
+    assert chosen(names, 0.01, [0.009, 0.008, 0.0099, 0.01], None) == ([("b",), ("a",), ("c",)], False)
     assert MARGIN == 2.0
 
 

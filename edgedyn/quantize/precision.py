@@ -74,6 +74,11 @@ class FloatGate:
                               for batch in self.batches]
         return self._want
 
+    def first(self, count: int) -> "FloatGate":
+        """The same gate over its first `count` batches (a probe's: edgedyn/layer_probe.py), sharing the reference."""
+        want = self._reference()[:count] if self._want is not None else None
+        return FloatGate(self.spec, self.gate, self.gate_source, self.batches[:count], self.source, want)
+
     def measure(self, run: Callable[[List[np.ndarray]], List[Any]]) -> List[Dict[str, Any]]:
         """Per output: max abs error, cosine, top-1 agreement of `run` against torch eager on the batches; the
         outputs of a detection group (boxes, scores, labels, count) also get the group's detections compared."""
