@@ -58,8 +58,9 @@ class Candidate:
     def words(self) -> str:
         words = self.backend if self.precision == FP32 else "{} in {}".format(self.backend, self.precision)
         words += " (float layers in {})".format(self.floats) if self.floats != FP32 else ""
-        words += " with the {} layers it costs most accuracy in fp32".format(len(self.fp32_layers)) \
-            if self.fp32_layers else ""
+        count = len(self.fp32_layers)
+        words += " with the {} it costs most accuracy in fp32".format(
+            "layer" if count == 1 else "{} layers".format(count)) if count else ""
         return words + (" with its first {:.0%} of layers in fp32".format(self.fp32_share) if self.fp32_share else "")
 
 

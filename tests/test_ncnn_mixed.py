@@ -91,3 +91,5 @@ def test_a_probed_candidate_says_how_many_layers_it_keeps_fp32():
     candidate = Candidate("ncnn", "fp16", fp32_layers=("conv_3", "convdw_7"))
     assert candidate.label == "ncnn:fp16+fp32-2-layers"
     assert candidate.words == "ncnn in fp16 with the 2 layers it costs most accuracy in fp32"
+    assert Candidate("ncnn", "fp16", fp32_layers=("conv_3",)).words.endswith(" with the layer it costs most accuracy "
+                                                                              "in fp32")
