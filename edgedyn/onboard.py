@@ -337,9 +337,12 @@ class _Rounds:
         except EdgedynError as error:
             self.step("{}: no probe ({})".format(candidate.label, error.message))
             return []
+        if not layers:
+            self.step("{}: no layer in fp32 gains accuracy alone".format(candidate.label))
+            return []
         self.step("{}: fp32 for {} of its layers ({}) may meet the gate".format(
             candidate.label, len(layers), ", ".join(layers[:6]) + (", ..." if len(layers) > 6 else "")))
-        return [replace(candidate, fp32_layers=layers)] if layers else []
+        return [replace(candidate, fp32_layers=layers)]
 
 
 def _evaluation(candidate: Any, artifact: Artifact, spec: Any, quantization: Optional[Any], accuracy: Optional[Any],
