@@ -93,3 +93,15 @@ def test_a_probed_candidate_says_how_many_layers_it_keeps_fp32():
     assert candidate.words == "ncnn in fp16 with the 2 layers it costs most accuracy in fp32"
     assert Candidate("ncnn", "fp16", fp32_layers=("conv_3",)).words.endswith(" with the layer it costs most accuracy "
                                                                               "in fp32")
+
+
+def test_mutants_of_a_mixed_bundle_are_refused_cleanly(bundle, tmp_path):
+    # tests/test_fuzz.py's campaign over a bundle whose model holds feature masks and entry Dropouts: every mutant
+    # (its .param and .bin tampered with and resealed among them) loads, runs and verifies or is refused with an
+    # EdgedynError, in a worker that must not crash.
+    from test_ncnn_backend import _assert_mutants_refused_cleanly
+
+    def marked(param: bytes) -> bytes:
+        return mark_fp32(param.decode("ascii"), probed_layers(parse_param(param, "m"))[2:9]).encode("ascii")
+
+    _assert_mutants_refused_cleanly(with_member(bundle, "model.param", marked, tmp_path / "mixed.edgedyn"), seed=1207)
