@@ -105,3 +105,66 @@ def test_mutants_of_a_mixed_bundle_are_refused_cleanly(bundle, tmp_path):
         return mark_fp32(param.decode("ascii"), probed_layers(parse_param(param, "m"))[2:9]).encode("ascii")
 
     _assert_mutants_refused_cleanly(with_member(bundle, "model.param", marked, tmp_path / "mixed.edgedyn"), seed=1207)
+
+
+class _Gate:
+    """A FloatGate's interface over a fixed reference vector: its error is 1 - the lowest cosine over its batches."""
+
+    def __init__(self) -> None:
+        from edgedyn.quantize.accuracy import Gate
+
+        self.gate, self.batches, self.reference = Gate(min_cosine=0.999), [0, 1], np.ones(64)
+
+    def first(self, count: int) -> "_Gate":
+        return self
+
+    def measure(self, run) -> list:
+        got = [run(batch)[0] for batch in self.batches]
+        return [{"cosine": min(float(g @ self.reference / np.linalg.norm(g) / np.linalg.norm(self.reference))
+                               for g in got)}]
+
+
+class _Board:
+    """The emulated board's probe_layers over a model whose error is the sum of its fp16 layers' sensitivities."""
+
+    def __init__(self, sensitivity: dict) -> None:
+        self.sensitivity, self.runs = sensitivity, []
+
+    def where(self) -> str:
+        return "a fake board"
+
+    def probe_layers(self, label, staged, script, variants, batches, base) -> dict:
+        self.runs.append([names for _, names in variants])
+        outputs = {}
+        for key, names in ([("base", [])] if base else []) + [tuple(v) for v in variants]:
+            error = sum(s for name, s in self.sensitivity.items() if name not in names)
+            orthogonal = np.zeros(64)
+            orthogonal[:32], orthogonal[32:] = 1.0, -1.0  # at right angles to the reference, as long
+            spread = np.sqrt(1.0 / (1.0 - error) ** 2 - 1.0)  # cosine exactly 1 - error
+            for b in range(batches):
+                outputs["{}.{}".format(key, b)] = [np.ones(64) + spread * orthogonal]
+        return outputs
+
+
+def test_the_probe_searches_groups_then_the_layers_of_those_that_gain():
+    from edgedyn.backends.artifact import Artifact
+    from edgedyn.layer_probe import probe
+
+    names = ["conv_{}".format(i) for i in range(16)]
+    lines = ["7767517", "17 17", "Input in0 0 1 b0"] + ["Convolution {} 1 1 b{} b{} 0=1 1=1 6=1".format(
+        name, i, i + 1) for i, name in enumerate(names)]
+    artifact = Artifact(backend="ncnn", executor="ncnn", device="cpu", arch=None, target="ncnn-cpu-fp16",
+                        files={"model": "\n".join(lines).encode("ascii"), "weights": b""},
+                        file_names={"model": "model.param", "weights": "weights.bin"}, meta={})
+    sensitivity = dict({name: 0.00001 for name in names}, conv_5=0.003, conv_11=0.0005)
+    board, said = _Board(sensitivity), []
+    # every layer fp16: error 0.00364, 0.00314 over half the allowance: conv_5 alone leaves 0.00064, both 0.00014
+    assert probe(board, "ncnn:fp16", None, artifact, _Gate(), said.append) == ("conv_5", "conv_11")
+    groups, singles = board.runs
+    assert groups == [names[i:i + 4] for i in range(0, 16, 4)]  # sqrt(16) groups of 4
+    assert sorted(singles) == [[name] for name in sorted(names[4:12])]  # the two groups that gained, layer by layer
+    assert "probing which of its 16 layers fp16 costs most accuracy in, 4 groups first, on a fake board" in said[0]
+    # an error spread evenly (0.0004 a layer, 0.0064 in all): every group, then the 15 layers that leave 0.0004
+    board = _Board({name: 0.0004 for name in names})
+    assert len(probe(board, "ncnn:fp16", None, artifact, _Gate(), said.append)) == 15
+    assert len(board.runs) == 2 and len(board.runs[1]) == 16
