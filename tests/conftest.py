@@ -4,7 +4,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import pytest
 
@@ -214,27 +214,34 @@ def with_precision(bundle: Path, precision: str, output: Path) -> Path:
     return output
 
 
-def with_member(bundle: Path, suffix: str, edit: Callable[[bytes], bytes], output: Path) -> Path:
-    """A copy of `bundle` whose members ending in `suffix` are `edit`ed, the manifest's checksums made to match:
-    an artifact's file as the export would write it (a mixed ncnn model), without exporting it again."""
+def reseal(source: Path, target: Path, edit_member: Optional[Callable[[str, bytes], bytes]] = None,
+           deflate: Sequence[str] = (), extra: Sequence[Tuple[str, bytes]] = ()) -> Path:
+    """A copy of a bundle with members edited and the manifest's sizes and SHA-256 recomputed to match: tampering
+    that checksums cannot see, or an artifact's file as the export would write it."""
+    import hashlib
     import json
     import zipfile
 
-    from edgedyn.runtime.format import sha256_bytes
+    from edgedyn.runtime.format import MANIFEST_NAME
 
-    with zipfile.ZipFile(str(bundle)) as source:
-        members = {info.filename: (info, source.read(info.filename)) for info in source.infolist()}
-    manifest = json.loads(members["manifest.json"][1])
-    for name, (info, data) in list(members.items()):
-        if name.endswith(suffix):
-            edited = edit(data)
-            members[name] = (info, edited)
-            manifest["members"][name] = {"sha256": sha256_bytes(edited), "size": len(edited)}
-    members["manifest.json"] = (members["manifest.json"][0], json.dumps(manifest).encode())
-    with zipfile.ZipFile(str(output), "w") as target:
-        for info, data in members.values():
-            target.writestr(info, data)
-    return output
+    with zipfile.ZipFile(str(source)) as archive:
+        manifest = json.loads(archive.read(MANIFEST_NAME))
+        members = {name: archive.read(name) for name in manifest["members"]}
+    if edit_member is not None:
+        members = {name: edit_member(name, data) for name, data in members.items()}
+    for name, data in members.items():
+        manifest["members"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    with zipfile.ZipFile(str(target), "w") as archive:
+        archive.writestr(MANIFEST_NAME, json.dumps(manifest))
+        for name, data in list(members.items()) + list(extra):
+            archive.writestr(name, data, zipfile.ZIP_DEFLATED if name in deflate else zipfile.ZIP_STORED)
+    return target
+
+
+def with_member(bundle: Path, suffix: str, edit: Callable[[bytes], bytes], output: Path) -> Path:
+    """A copy of `bundle` whose members ending in `suffix` are `edit`ed, resealed: an artifact's file as the export
+    would write it (a mixed ncnn model), without exporting it again."""
+    return reseal(bundle, output, lambda name, data: edit(data) if name.endswith(suffix) else data)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from edgedyn.runtime import guards
 from edgedyn.registry import BACKENDS
 from edgedyn.runtime.format import MANIFEST_NAME, pack_arrays, read_npz
 
-from conftest import foreign_board, require_module
+from conftest import foreign_board, require_module, reseal
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -235,25 +235,6 @@ def test_member_names_must_be_plain_relative_paths(export_example, tmp_path):
 
 
 # ---- bundles from anywhere: checked before use, refused cheaply, messages bounded --------------------------------
-def _reseal(source: Path, target: Path, edit_member=None, deflate=(), extra=()) -> Path:
-    """A copy of a bundle with members edited and the manifest's sizes and SHA-256 recomputed to match: tampering
-    that checksums cannot see."""
-    import hashlib
-
-    with zipfile.ZipFile(source) as archive:
-        manifest = json.loads(archive.read(MANIFEST_NAME))
-        members = {name: archive.read(name) for name in manifest["members"]}
-    if edit_member is not None:
-        members = {name: edit_member(name, data) for name, data in members.items()}
-    for name, data in members.items():
-        manifest["members"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    with zipfile.ZipFile(target, "w") as archive:
-        archive.writestr(MANIFEST_NAME, json.dumps(manifest))
-        for name, data in list(members.items()) + list(extra):
-            archive.writestr(name, data, zipfile.ZIP_DEFLATED if name in deflate else zipfile.ZIP_STORED)
-    return target
-
-
 def _edit_graph(edit):
     def edit_member(name, data):
         if not name.endswith("graph.json"):
@@ -279,7 +260,7 @@ def _first_conv(graph):
     (lambda g: g["steps"][0].update(op="aten.system.default"), r"no kernel for aten.system.default"),
 ])
 def test_a_tampered_portable_graph_is_refused_before_any_view(export_example, tmp_path, edit, message):
-    path = _reseal(export_example("tiny_cnn", backend="portable"), tmp_path / "graph.edgedyn", _edit_graph(edit))
+    path = reseal(export_example("tiny_cnn", backend="portable"), tmp_path / "graph.edgedyn", _edit_graph(edit))
     with pytest.raises(rt.BundleError, match=message) as info:
         rt.load(path)
     assert "graph.json" in info.value.message
@@ -302,7 +283,7 @@ def _replace_npy_header(name, data, old, new):
     (b"'shape': (1, 3, 64, 64)", b"'shape': (99999, 99999, 99)", r"shape \(99999, 99999, 99\) of float32 needs \d+ bytes, the member holds"),
 ])
 def test_npz_headers_are_checked_before_an_array_exists(export_example, tmp_path, old, new, message):
-    path = _reseal(export_example("tiny_cnn", backend="portable"), tmp_path / "npz.edgedyn",
+    path = reseal(export_example("tiny_cnn", backend="portable"), tmp_path / "npz.edgedyn",
                    lambda name, data: _replace_npy_header(name, data, old, new))
     program = rt.load(path)
     with pytest.raises(rt.BundleError, match=message):
@@ -311,7 +292,7 @@ def test_npz_headers_are_checked_before_an_array_exists(export_example, tmp_path
 
 def test_deflated_members_are_refused(export_example, tmp_path):
     source = export_example("tiny_cnn", backend="portable")
-    path = _reseal(source, tmp_path / "deflated.edgedyn", deflate=("specs/0/reference.npz",))
+    path = reseal(source, tmp_path / "deflated.edgedyn", deflate=("specs/0/reference.npz",))
     with pytest.raises(rt.BundleError, match="reference.npz is compressed"):
         rt.load(path)
 
@@ -344,7 +325,7 @@ def test_overlapping_directory_entries_cost_nothing_before_they_are_refused(expo
 
 
 def test_many_unlisted_members_give_a_short_message(export_example, tmp_path):
-    path = _reseal(export_example("loop_example", backend="portable"), tmp_path / "many.edgedyn",
+    path = reseal(export_example("loop_example", backend="portable"), tmp_path / "many.edgedyn",
                    extra=[("unlisted/{:05d}".format(i), b"") for i in range(3000)])
     with pytest.raises(rt.BundleError, match="and 2996 more") as info:
         rt.load(path)
@@ -359,7 +340,7 @@ def test_a_huge_argument_gives_a_short_guard_message(export_example):
 
 
 def test_a_tampered_onnx_model_is_a_bundle_error_naming_the_member(export_example, tmp_path):
-    path = _reseal(export_example("tiny_cnn", backend="onnxruntime"), tmp_path / "onnx.edgedyn",
+    path = reseal(export_example("tiny_cnn", backend="onnxruntime"), tmp_path / "onnx.edgedyn",
                    lambda name, data: data[:len(data) // 3] if name.endswith(".onnx") else data)
     with pytest.raises(rt.BundleError, match=r"model\.onnx\) does not load"):
         rt.load(path)
@@ -378,7 +359,7 @@ def test_a_tflite_tensor_grown_by_tampering_is_refused_before_litert_allocates(e
         start = tensor._tab.Vector(tensor._tab.Offset(4))  # Tensor.shape, field 0
         return data[:start] + struct.pack("<i", 1 << 28) + data[start + 4:]
 
-    path = _reseal(export_example("tiny_cnn", backend="tflite"), tmp_path / "grown.edgedyn", grow_first_shape)
+    path = reseal(export_example("tiny_cnn", backend="tflite"), tmp_path / "grown.edgedyn", grow_first_shape)
     with pytest.raises(rt.BundleError, match=r"model\.tflite declares tensors of \d+ bytes, far above"):
         rt.load(path)
 
@@ -396,7 +377,7 @@ def test_a_tflite_reverse_without_an_axis_is_refused_before_litert_crashes_on_it
         writer.operator("REVERSE_V2", [x, writer.constant(np.zeros(0, np.int32))], [out])
         return writer.finish([x], [out], "crafted", None)
 
-    path = _reseal(export_example("tiny_cnn", backend="tflite"), tmp_path / "crafted.edgedyn", reverse_nothing)
+    path = reseal(export_example("tiny_cnn", backend="tflite"), tmp_path / "crafted.edgedyn", reverse_nothing)
     with pytest.raises(rt.BundleError, match=r"model\.tflite has a REVERSE_V2 with no axis \(subgraph 0, operator 0\) "
                                              r"\(LiteRT would crash on it\)"):
         rt.load(path)

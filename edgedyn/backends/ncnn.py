@@ -84,9 +84,10 @@ def lower(build: Build) -> Artifact:
     item_shapes = {name: shape[1:] for name, (shape, _) in zip(build.tensor_inputs, inputs)}
     param = fuse_swish(_named(param, build, list(build.tensor_inputs), output_names))
     param = static_reshapes(param, weights, ncnn, item_shapes)
+    mixed = bool(build.fp32_layers) and build.precision != FP32  # the named layers in fp32 (ncnn_mixed.py)
     try:
         param = fuse_pooled_convolutions(fuse_global_pooling(param, item_shapes), item_shapes)
-        if build.fp32_layers and build.precision != FP32:
+        if mixed:
             param = mark_fp32(param.decode("ascii"), build.fp32_layers).encode("ascii")
         layers = check_model(param, weights, "the ncnn model pnnx wrote", item_shapes)
     except BundleError as error:  # a layer or a shape edgedyn's checker does not take: the runtime would refuse it
@@ -98,7 +99,7 @@ def lower(build: Build) -> Artifact:
                      "output_shapes": [list(shape[1:]) for shape, _ in outputs], "weights": "fp32",
                      "layers": _counts(layer.type for layer in layers), "options": board_options(build.board)},
             "requires": {"python": ["ncnn>={}".format(MIN_NCNN)]}}  # type: Dict[str, Any]
-    if build.fp32_layers and build.precision != FP32:
+    if mixed:
         kept = masked(layers)
         meta["ncnn"]["fp32_layers"] = {"layers": len(kept), "of": len(probed_layers(layers)), "names": kept}
     if build.precision == FP32:

@@ -34,6 +34,7 @@ def mark_fp32(param: str, names: Iterable[str]) -> str:
     wanted = set(names)
     layers = [line.split() for line in lines[2:] if line.strip()]
     blobs = {blob for tokens in layers for blob in tokens[4:4 + int(tokens[2]) + int(tokens[3])]}
+    layer_names = {tokens[1] for tokens in layers}
     fp32 = set()  # type: Set[str]
     entries = {}  # type: Dict[str, str]  # an fp16 blob -> the entry Dropout's fp32 output
     written = []  # type: List[List[str]]
@@ -42,7 +43,8 @@ def mark_fp32(param: str, names: Iterable[str]) -> str:
         bottoms = tokens[4:4 + bottom_count]
         tops = tokens[4 + bottom_count:4 + bottom_count + top_count]
         params = [p for p in tokens[4 + bottom_count + top_count:] if p.split("=")[0] != str(FEATMASK)]
-        if kind == "Input" or kind == ENTRY and name not in wanted and params in ([], ["0=1"], ["0=1.0"]):
+        scale = {int(k): float(v) for k, v in (p.split("=", 1) for p in params)} if kind == ENTRY else {}
+        if kind == "Input" or name not in wanted and _is_entry(kind, scale, tops):
             fp32.update(tops)  # an input, or an entry written before (marking twice changes nothing)
         elif name in wanted:
             for index, blob in enumerate(bottoms):
@@ -50,8 +52,8 @@ def mark_fp32(param: str, names: Iterable[str]) -> str:
                     continue
                 if blob not in entries:
                     entries[blob] = _unused("{}_fp32".format(blob), blobs)
-                    written.append([ENTRY, _unused("fp32_entry_{}".format(len(entries)), set()), "1", "1", blob,
-                                    entries[blob]])
+                    written.append([ENTRY, _unused("fp32_entry_{}".format(len(entries)), layer_names), "1", "1",
+                                    blob, entries[blob]])
                 bottoms[index] = entries[blob]
             params.append("{}={}".format(FEATMASK, FP32_MASK))
             fp32.update(tops)
@@ -77,7 +79,7 @@ def mask_problem(layers: Sequence[Any]) -> Optional[str]:
     for layer in layers:
         mask = layer.params.get(FEATMASK)
         if mask is None:
-            if layer.type == "Input" or _is_entry(layer):
+            if layer.type == "Input" or _is_entry(layer.type, layer.params, layer.tops):
                 fp32.update(layer.tops)
             continue
         if mask != FP32_MASK:
@@ -92,8 +94,9 @@ def mask_problem(layers: Sequence[Any]) -> Optional[str]:
     return None
 
 
-def _is_entry(layer: Any) -> bool:
-    return layer.type == ENTRY and layer.params.get(0, 1.0) in (1, 1.0) and len(layer.tops) == 1
+def _is_entry(kind: str, params: Dict[int, Any], tops: Sequence[str]) -> bool:
+    """Whether an unmasked layer is an entry: a Dropout of scale 1 (parameter 0 absent or 1) with one output."""
+    return kind == ENTRY and params.get(0, 1.0) in (1, 1.0) and len(tops) == 1
 
 
 def probed_layers(layers: Sequence[Any]) -> List[str]:
