@@ -8,7 +8,7 @@ from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value, mirrors
 from edgedyn.backends.tflite.ops.fusion import NONE, fused, fused_activation
-from edgedyn.backends.tflite.ops.padding import MIRRORED, pair, spatial_padding
+from edgedyn.backends.tflite.ops.padding import pair, spatial_padding, window_flip
 
 aten = torch.ops.aten
 
@@ -57,8 +57,7 @@ def _conv2d(ctx: Lowering, x: Value, w: np.ndarray, b: np.ndarray, stride: List[
     allows it and the windows can: the kernel flipped, rows and columns in and out back to front."""
     out_channels, per_group, kh, kw = w.shape
     in_channels = x.shape[1]
-    mirror = mirror and not same and ctx.mirror
-    flip = MIRRORED if mirror else ()
+    mirror, flip = window_flip(ctx, mirror and not same)
     if mirror:
         w = np.asarray(w[:, :, ::-1, ::-1], order="C")
     source = ctx.tensor(x, layout.NHWC, flip)

@@ -49,6 +49,13 @@ def mirrored_padding(size: int, kernel: int, stride: int, padding: int, dilation
 MIRRORED = (2, 3)  # the torch dims a mirrored window op stores back to front: NCHW's rows and columns
 
 
+def window_flip(ctx: Lowering, allowed: bool = True) -> Tuple[bool, Tuple[int, ...]]:
+    """(whether a window op computes in mirrored coordinates: where the lowering mirrors (../mirror.py) and the op
+    `allowed` it; the dims it then stores back to front, () otherwise)."""
+    mirror = allowed and ctx.mirror
+    return mirror, (MIRRORED if mirror else ())
+
+
 def cropped(ctx: Lowering, x: int, shape: Sequence[int], skip: Sequence[int]) -> Tuple[int, List[int]]:
     """(NHWC `x` of NCHW `shape` without its first `skip` rows and columns, as a STRIDED_SLICE; its NCHW shape)."""
     size = [shape[0], shape[1], shape[2] - skip[0], shape[3] - skip[1]]

@@ -7,7 +7,7 @@ import torch
 from edgedyn.backends.tflite import layout
 from edgedyn.backends.tflite.diagnostics import Unsupported
 from edgedyn.backends.tflite.lowering import Lowering, Value, mirrors
-from edgedyn.backends.tflite.ops.padding import MAX_POOL_FILL, MIRRORED, pair, spatial_padding
+from edgedyn.backends.tflite.ops.padding import MAX_POOL_FILL, pair, spatial_padding, window_flip
 from edgedyn.backends.tflite.writer import Quant
 from edgedyn.runtime.kernels.base import is_global_average
 
@@ -53,8 +53,7 @@ def max_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
         raise Unsupported("dilated max pooling")
     kernel, stride, padding = window(node, x, kernel, stride, padding, ceil_mode)
     fill = 0.0 if never_negative(node.args[0]) else MAX_POOL_FILL
-    mirror = ctx.mirror
-    flip = MIRRORED if mirror else ()
+    mirror, flip = window_flip(ctx)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC, flip), x.shape, kernel, stride, padding, (1, 1),
                                    pad_value=fill, mirrored=mirror)
     out = ctx.emit("MAX_POOL_2D", [source], output_shape(node), layout.NHWC, "Pool2DOptions", padding=mode,
@@ -76,8 +75,7 @@ def avg_pool2d(ctx: Lowering, node: Any, x: Value, kernel: Sequence[int], stride
     if x.rank == 4 and is_global_average(x.shape[2:], output_shape(node)[2:], pair(kernel), pair(padding)):
         return reduce(ctx, "MEAN", x, [2, 3], True)
     kernel, stride, padding = window(node, x, kernel, stride, padding, ceil_mode)
-    mirror = ctx.mirror
-    flip = MIRRORED if mirror else ()
+    mirror, flip = window_flip(ctx)
     source, mode = spatial_padding(ctx, ctx.tensor(x, layout.NHWC, flip), x.shape, kernel, stride, padding, (1, 1),
                                    same_ok=not count_include_pad, mirrored=mirror)
     out = _average(ctx, source, output_shape(node), kernel, stride, mode, flip)
