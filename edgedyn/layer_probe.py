@@ -116,8 +116,12 @@ def _together(measurement: Any, label: str, staged: Tuple[Path, Path, Path], gat
     sets = [tuple(ranked[:size]) for size in sorted(sizes)]
     step("{}: measuring its best {} layers together, {} sets".format(label, len(sets[-1]), len(sets)))
     errors = _errors(measurement, label, staged, gate, sets, base=False)
-    allowance = 1.0 - (gate.gate.min_cosine if gate.gate.min_cosine is not None else 0.999)
-    return next((layers for layers in sets if errors[layers] <= allowance / MARGIN), ())
+    return next((layers for layers in sets if errors[layers] <= _allowance(gate.gate.min_cosine) / MARGIN), ())
+
+
+def _allowance(min_cosine: Optional[float]) -> float:
+    """The error a gate allows: 1 - its cosine bound (0.001 when it bounds no cosine)."""
+    return 1.0 - (min_cosine if min_cosine is not None else 0.999)
 
 
 def chosen(variants: Sequence[Tuple[str, ...]], everything: float, alone: Sequence[float],
@@ -126,7 +130,7 @@ def chosen(variants: Sequence[Tuple[str, ...]], everything: float, alone: Sequen
     the error with variant i's layers in fp32; the fewest whose gains bring the error to the gate's allowance
     (1 - min_cosine; 0.001 when the gate bounds no cosine) over MARGIN, else every one that gains; whether they
     did)."""
-    allowance = 1.0 - (min_cosine if min_cosine is not None else 0.999)
+    allowance = _allowance(min_cosine)
     gains = sorted(((everything - error, index) for index, error in enumerate(alone) if everything - error > 0),
                    reverse=True)
     needed, kept, covered = everything - allowance / MARGIN, [], 0.0
